@@ -1,0 +1,1 @@
+"""Sandbox backends: the contract (base.py), the registry, and the implementations."""

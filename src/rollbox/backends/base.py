@@ -1,0 +1,223 @@
+"""The backend contract every isolation backend implements.
+
+Two lifecycle levels (as in inspect_ai's task_init/cli_cleanup and SWE-ReX's
+deployment/runtime split):
+
+* backend-wide: :meth:`Backend.prepare` (check tools, build shared assets) and
+  :meth:`Backend.cleanup_orphans` (remove what sandboxes of dead owners left behind);
+* per sandbox: :meth:`Backend.create` / :meth:`Backend.attach` and :meth:`SandboxHandle.destroy`.
+
+A sandbox must be re-attachable by id from another process (the CLI creates a sandbox in
+one process and execs in it from the next), so its state lives in
+``$ROLLBOX_HOME/sandboxes/<id>/state.json`` (a :class:`~rollbox.models.SandboxInfo`) and
+in host resources named after the id and the home's tag.
+
+All I/O methods are ``async``; :mod:`rollbox.sandbox` offers the public async API and a
+sync facade with the same names.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+from rollbox.config import Home
+from rollbox.models import BaselineInfo, Capabilities, ExecResult, SandboxInfo, SandboxSpec
+
+OutputCallback = Callable[[str], None]
+"""Receives decoded chunks of a command's stdout or stderr as they arrive."""
+
+
+class SandboxHandle(abc.ABC):
+    """One live sandbox, as seen by its backend."""
+
+    @property
+    @abc.abstractmethod
+    def info(self) -> SandboxInfo:
+        """The sandbox's current state record."""
+
+    @property
+    def id(self) -> str:
+        """The sandbox id, ``sbx-<ulid>``."""
+        return self.info.id
+
+    @abc.abstractmethod
+    async def exec(
+        self,
+        cmd: list[str] | str,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        secrets: dict[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+        user: str | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> ExecResult:
+        """Run a command inside the sandbox and wait for it.
+
+        Args:
+            cmd: argv list, or a string run with ``/bin/sh -c``.
+            cwd: working directory inside (default: the sandbox's workdir).
+            env: extra environment variables for this command.
+            secrets: like ``env`` but never written to disk, store or logs; values are
+                masked (``***``) in any captured output.
+            stdin: bytes fed to the command's stdin (then closed).
+            timeout: seconds; on expiry the whole process tree started by this command
+                (``setsid`` daemons included) is killed and ``ExecTimeoutError`` raised.
+            user: ``root`` or a uid[:gid]/name inside (default: the sandbox's user).
+            on_stdout: called with each decoded stdout chunk as it arrives.
+            on_stderr: called with each decoded stderr chunk as it arrives.
+
+        Returns:
+            The exit code, capped stdout/stderr, duration and OOM flag.
+
+        Raises:
+            ExecTimeoutError: the command ran past ``timeout``.
+            SandboxStateError: the sandbox is destroyed or paused.
+            SandboxCrashedError: the sandbox's runtime died.
+        """
+
+    @abc.abstractmethod
+    async def read_file(self, path: str) -> bytes:
+        """Read a file inside the sandbox.
+
+        Raises:
+            PathEscapeError: ``path`` resolves outside the sandbox root.
+            NotFoundError: there is no such file.
+        """
+
+    @abc.abstractmethod
+    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+        """Write (create or replace) a file inside the sandbox, making parent directories.
+
+        Raises:
+            PathEscapeError: ``path`` resolves outside the sandbox root.
+        """
+
+    @abc.abstractmethod
+    async def upload(self, src: Path, dest: str) -> None:
+        """Copy a host file or directory tree to ``dest`` inside the sandbox.
+
+        Raises:
+            PathEscapeError: ``dest`` resolves outside the sandbox root.
+        """
+
+    @abc.abstractmethod
+    async def download(self, src: str, dest: Path) -> None:
+        """Copy a file or directory tree from inside the sandbox to the host path ``dest``.
+
+        Symlinks inside the tree are copied as symlinks, never followed out of the root.
+
+        Raises:
+            PathEscapeError: ``src`` resolves outside the sandbox root.
+        """
+
+    @abc.abstractmethod
+    async def snapshot(self, *, memory: bool = False, name: str | None = None) -> str:
+        """Capture the sandbox's state while it keeps running.
+
+        Args:
+            memory: also capture memory and devices (backends with ``memory_snapshot``);
+                the result is then a snapshot id usable as ``SandboxSpec.from_snapshot``.
+            name: optional name/tag for the new baseline.
+
+        Returns:
+            The new baseline's digest (its filesystem changes as a top layer, parent recorded),
+            or, with ``memory=True``, the memory snapshot's id.
+        """
+
+    @abc.abstractmethod
+    async def fork(self, n: int) -> list[SandboxHandle]:
+        """Make ``n`` new sandboxes from this one's current state, independent of each other
+        and of this one."""
+
+    @abc.abstractmethod
+    async def pause(self) -> None:
+        """Freeze every process inside (no CPU time) until :meth:`resume`."""
+
+    @abc.abstractmethod
+    async def resume(self) -> None:
+        """Thaw a paused sandbox."""
+
+    @abc.abstractmethod
+    async def destroy(self) -> None:
+        """Kill everything inside and remove every host resource the sandbox made.
+
+        Idempotent: destroying a destroyed sandbox does nothing.
+        """
+
+
+class Backend(abc.ABC):
+    """An isolation backend. Instances are cheap; one per (backend, home)."""
+
+    name: ClassVar[str]
+    """Registry name: ``namespace``, ``gvisor``, ``microvm``."""
+    capabilities: ClassVar[Capabilities]
+    """What sandboxes of this backend can do."""
+
+    def __init__(self, home: Home) -> None:
+        self.home = home
+
+    @abc.abstractmethod
+    def version(self) -> str:
+        """Name and version of the underlying tool, e.g. ``runc 1.1.5``."""
+
+    @abc.abstractmethod
+    def prepare(self) -> None:
+        """Check the host tools and build shared assets (idempotent, fast when done).
+
+        Raises:
+            BackendUnavailableError: a tool is missing or unusable; the message names the
+                Debian package to install.
+        """
+
+    @abc.abstractmethod
+    async def create(self, spec: SandboxSpec, baseline: BaselineInfo) -> SandboxHandle:
+        """Create and start a sandbox from ``baseline`` (already resolved and checked).
+
+        Raises:
+            CapabilityError: the spec asks for something this backend cannot do.
+            LimitsError: the limits cannot be met.
+            BackendError: the sandbox could not be started; nothing is left behind.
+        """
+
+    @abc.abstractmethod
+    async def attach(self, sandbox_id: str) -> SandboxHandle:
+        """Re-attach to a live sandbox created by any process.
+
+        Raises:
+            SandboxNotFoundError: no such live sandbox in this home.
+        """
+
+    @abc.abstractmethod
+    def list_sandboxes(self) -> list[SandboxInfo]:
+        """The sandboxes of this backend in this home (live ones and unreaped leftovers)."""
+
+    @abc.abstractmethod
+    def cleanup_orphans(self, *, dry_run: bool = False) -> list[str]:
+        """Remove what sandboxes whose owner is gone (or whose TTL passed) left behind.
+
+        Returns:
+            One human-readable line per removed (or, with ``dry_run``, removable) resource.
+        """
+
+    def check(self, spec: SandboxSpec) -> None:
+        """Preflight: refuse a spec this backend cannot honour, before anything starts.
+
+        Raises:
+            CapabilityError: naming the missing capability and a backend that has it.
+        """
+        from rollbox.errors import CapabilityError
+
+        caps = self.capabilities
+        if spec.network.mode not in caps.network_modes:
+            raise CapabilityError(
+                f"backend {self.name!r} does not support network mode {spec.network.mode!r}",
+                hint=f"supported: {', '.join(caps.network_modes)}",
+            )
+        if spec.from_snapshot and not caps.memory_snapshot:
+            raise CapabilityError(f"backend {self.name!r} has no memory snapshots")

@@ -1,0 +1,1 @@
+"""Baselines: the OCI store, its builders (buildah, skopeo, mmdebstrap, import) and gc."""

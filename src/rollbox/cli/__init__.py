@@ -1,0 +1,1 @@
+"""The ``rollbox`` command line (Typer); one module per command group."""

@@ -1,0 +1,92 @@
+"""Entry point of the ``rollbox`` command.
+
+Command groups live in their own modules (``rollbox.cli.<group>``) and each exposes either
+``app`` (a ``typer.Typer`` mounted as a sub-command group) or ``register(app)`` (adds
+top-level commands). A group whose module is absent is simply not offered.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import typer
+
+from rollbox import __version__
+from rollbox.errors import RollboxError
+
+app = typer.Typer(
+    name="rollbox",
+    help="Fresh, isolated, restorable environments for parallel agent rollouts.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Fresh, isolated, restorable environments for parallel agent rollouts."""
+
+
+# (module, sub-command name or None for top-level commands)
+_GROUPS: list[tuple[str, str | None]] = [
+    ("rollbox.cli.baseline", "baseline"),
+    ("rollbox.cli.sandbox", "sandbox"),
+    ("rollbox.cli.cleanup", None),
+    ("rollbox.cli.run", None),
+    ("rollbox.cli.runs", None),
+    ("rollbox.cli.pilot", None),
+    ("rollbox.cli.audit", None),
+]
+
+
+@app.command("version")
+def version_cmd(json_: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Print rollbox's version."""
+    if json_:
+        print(json.dumps({"version": __version__}))
+    else:
+        print(f"rollbox {__version__}")
+
+
+def _mount_groups() -> None:
+    for module_name, sub in _GROUPS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                continue
+            raise
+        if sub is not None:
+            app.add_typer(module.app, name=sub)
+        else:
+            module.register(app)
+
+
+_mount_groups()
+
+
+def main() -> None:
+    """Run the CLI: a ``RollboxError`` becomes one line and its exit code, no traceback."""
+    json_mode = "--json" in sys.argv
+    try:
+        app()
+    except RollboxError as exc:
+        if json_mode:
+            doc = {"error": exc.one_line(), "type": type(exc).__name__, "exit_code": exc.exit_code}
+            sys.stdout.write(json.dumps(doc) + "\n")
+        else:
+            sys.stderr.write(f"error: {exc.one_line()}\n")
+            output = getattr(exc, "output", "")
+            if output:
+                sys.stderr.write(output.rstrip("\n")[-8000:] + "\n")
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""The one exception tree of rollbox.
+
+Every error rollbox raises on purpose derives from :class:`RollboxError`. Each class
+carries ``exit_code``: the CLI prints ``error: <message>`` as a single line and exits
+with it (2 for input the user can fix, 1 for a failed operation). Some classes also
+derive from a builtin so callers can catch them the usual way.
+
+A backend failure (the sandbox could not do what was asked) is never confused with a
+command's non-zero exit: the latter is an ``ExecResult`` with ``exit_code != 0``, not an
+exception.
+
+::
+
+    RollboxError
+    ├── InvalidInputError (ValueError)            exit 2: the user can fix it
+    │   ├── InvalidDigestError
+    │   ├── NotFoundError (LookupError)
+    │   │   ├── BaselineNotFoundError
+    │   │   ├── SandboxNotFoundError
+    │   │   ├── RunNotFoundError
+    │   │   └── RolloutNotFoundError
+    │   ├── RecipeError                           bad bootstrap recipe / build input
+    │   ├── UnknownBaseImageError                 FROM names an image we cannot get
+    │   ├── TaskError                             malformed Harbor task directory
+    │   ├── UnknownBackendError
+    │   ├── UnknownAgentError
+    │   ├── CapabilityError                       backend cannot do what the request asks
+    │   ├── LimitsError                           limits that cannot be met
+    │   ├── PathEscapeError (PermissionError)     sandbox path resolves outside the root
+    │   └── InUseError                            refused: a live sandbox uses it
+    ├── BuildError                                exit 1: a build step failed (has .output)
+    ├── StoreError                                exit 1
+    │   └── CorruptionError                       a blob/layer hash does not match
+    ├── BackendError                              exit 1: infrastructure, retryable
+    │   ├── BackendUnavailableError               a tool is missing / does not work here
+    │   ├── SandboxCrashedError                   the sandbox died under us (e.g. QEMU killed)
+    │   └── SandboxStateError                     e.g. exec on a destroyed/paused sandbox
+    ├── ExecTimeoutError (TimeoutError)           exit 124: the command ran out of time
+    ├── VerifierError                             exit 1: no/invalid reward
+    └── IntegrityError                            exit 1: provenance digest mismatch
+"""
+
+from __future__ import annotations
+
+
+class RollboxError(Exception):
+    """Root of every error rollbox raises on purpose."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(message if hint is None else f"{message} ({hint})")
+
+    def one_line(self) -> str:
+        """The message as one line, with the hint on how to fix it when there is one."""
+        text = str(self).replace("\n", " ").strip()
+        return text
+
+
+class InvalidInputError(RollboxError, ValueError):
+    """Input the user can fix: exit code 2."""
+
+    exit_code = 2
+
+
+class InvalidDigestError(InvalidInputError):
+    """A string that should be a ``sha256:<64 hex>`` digest (or a unique prefix) is not."""
+
+
+class NotFoundError(InvalidInputError, LookupError):
+    """Something named by the user does not exist."""
+
+
+class BaselineNotFoundError(NotFoundError):
+    """No baseline with that digest or name is in the store."""
+
+
+class SandboxNotFoundError(NotFoundError):
+    """No sandbox with that id exists (or it was destroyed)."""
+
+
+class RunNotFoundError(NotFoundError):
+    """No run with that id is in the metadata store."""
+
+
+class RolloutNotFoundError(NotFoundError):
+    """No rollout with that id is in the metadata store."""
+
+
+class RecipeError(InvalidInputError):
+    """A bootstrap recipe or build input is invalid (unknown field, missing file...)."""
+
+
+class UnknownBaseImageError(InvalidInputError):
+    """A Dockerfile ``FROM`` names an image that is neither in the store nor reachable."""
+
+
+class TaskError(InvalidInputError):
+    """A Harbor task directory is malformed."""
+
+
+class UnknownBackendError(InvalidInputError):
+    """No backend is registered under that name."""
+
+
+class UnknownAgentError(InvalidInputError):
+    """The agent spec does not name a known agent."""
+
+
+class CapabilityError(InvalidInputError):
+    """The backend lacks a capability that the request needs."""
+
+
+class LimitsError(InvalidInputError):
+    """Limits that are invalid or cannot be met on this host."""
+
+
+class PathEscapeError(InvalidInputError, PermissionError):
+    """A sandbox path resolves outside the sandbox root (``..`` or a symlink)."""
+
+
+class InUseError(InvalidInputError):
+    """Refused because a live sandbox uses the object (override with ``--force``)."""
+
+
+class BuildError(RollboxError):
+    """A build step failed; ``output`` holds the step's output."""
+
+    def __init__(self, message: str, *, output: str = "", hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.output = output
+
+
+class StoreError(RollboxError):
+    """The local store cannot complete an operation."""
+
+
+class CorruptionError(StoreError):
+    """A stored blob or unpacked layer no longer matches its recorded hash."""
+
+    def __init__(self, message: str, *, paths: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.paths = paths or []
+
+
+class BackendError(RollboxError):
+    """Infrastructure failure in a backend; a rollout hitting this is retryable."""
+
+
+class BackendUnavailableError(BackendError):
+    """A backend's tool is missing or does not work on this host."""
+
+    exit_code = 2
+
+
+class SandboxCrashedError(BackendError):
+    """The sandbox died underneath the caller (its runtime or VM is gone)."""
+
+
+class SandboxStateError(BackendError):
+    """The sandbox is in a state that does not allow the operation."""
+
+
+class ExecTimeoutError(RollboxError, TimeoutError):
+    """A command ran past its timeout; its whole process tree was killed."""
+
+    exit_code = 124
+
+    def __init__(
+        self, message: str, *, stdout: str = "", stderr: str = "", timeout: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.stdout = stdout
+        self.stderr = stderr
+        self.timeout = timeout
+
+
+class VerifierError(RollboxError):
+    """The verifier wrote no reward, an empty one or one that cannot be parsed."""
+
+
+class IntegrityError(RollboxError):
+    """A recomputed provenance digest does not match the recorded one."""

@@ -1,0 +1,1 @@
+"""Rollouts and runs: Harbor task loader, agents, verifier, runner."""

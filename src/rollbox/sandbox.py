@@ -1,0 +1,381 @@
+"""The public sandbox API: :class:`AsyncSandbox` and its sync mirror :class:`Sandbox`.
+
+Both have the same method names (as E2B's ``Sandbox``/``AsyncSandbox``)::
+
+    from rollbox import Sandbox
+
+    with Sandbox.create(backend="namespace") as sbx:          # default baseline
+        r = sbx.exec(["python3", "-c", "print(6*7)"])
+        assert r.stdout == "42\\n"
+        sbx.files.write("/tmp/x", "hello")
+
+Secrets given to :meth:`AsyncSandbox.create` stay in this process's memory and are
+injected into each exec's environment; they are never written to disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from rollbox.backends.base import Backend, OutputCallback, SandboxHandle
+from rollbox.backends.registry import get_backend
+from rollbox.config import Home
+from rollbox.errors import SandboxNotFoundError
+from rollbox.models import ExecResult, Limits, NetworkPolicy, SandboxInfo, SandboxSpec
+
+T = TypeVar("T")
+
+
+def _state_path(home: Home, sandbox_id: str) -> Path:
+    return home.sandboxes / sandbox_id / "state.json"
+
+
+def read_state(home: Home, sandbox_id: str) -> SandboxInfo:
+    """The stored state of sandbox ``sandbox_id`` in ``home``.
+
+    Raises:
+        SandboxNotFoundError: no such sandbox.
+    """
+    path = _state_path(home, sandbox_id)
+    try:
+        return SandboxInfo.model_validate(json.loads(path.read_text()))
+    except (FileNotFoundError, NotADirectoryError):
+        raise SandboxNotFoundError(
+            f"no sandbox {sandbox_id!r} in {home.root}", hint="see 'rollbox sandbox ls'"
+        ) from None
+
+
+class AsyncFiles:
+    """File operations on a sandbox; every path is resolved inside the sandbox root."""
+
+    def __init__(self, handle: SandboxHandle) -> None:
+        self._h = handle
+
+    async def read(self, path: str) -> bytes:
+        """Read a file inside the sandbox."""
+        return await self._h.read_file(path)
+
+    async def read_text(self, path: str) -> str:
+        """Read a UTF-8 text file inside the sandbox."""
+        return (await self._h.read_file(path)).decode()
+
+    async def write(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+        """Create or replace a file inside the sandbox."""
+        await self._h.write_file(path, data, mode=mode)
+
+    async def upload(self, src: Path | str, dest: str) -> None:
+        """Copy a host file or directory into the sandbox."""
+        await self._h.upload(Path(src), dest)
+
+    async def download(self, src: str, dest: Path | str) -> None:
+        """Copy a file or directory out of the sandbox to the host."""
+        await self._h.download(src, Path(dest))
+
+
+class AsyncSandbox:
+    """One isolated, disposable environment (async API). Leaving ``async with`` destroys it."""
+
+    def __init__(
+        self, handle: SandboxHandle, backend: Backend, secrets: dict[str, str] | None = None
+    ) -> None:
+        self._handle = handle
+        self.backend = backend
+        self._secrets = dict(secrets or {})
+        self.files = AsyncFiles(handle)
+
+    @classmethod
+    async def create(
+        cls,
+        baseline: str | None = None,
+        *,
+        backend: str = "namespace",
+        limits: Limits | None = None,
+        network: NetworkPolicy | str | None = None,
+        env: dict[str, str] | None = None,
+        secrets: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+        ttl: float | None = None,
+        hostname: str = "sandbox",
+        workdir: str | None = None,
+        user: str | None = None,
+        from_snapshot: str | None = None,
+        home: Home | None = None,
+    ) -> AsyncSandbox:
+        """Create and start a sandbox.
+
+        Args:
+            baseline: digest, unique digest prefix or name; ``None`` for the default
+                Debian baseline (bootstrapped on first use).
+            backend: ``namespace``, ``gvisor`` or ``microvm``.
+            limits: resource limits (defaults: 1 cpu, 512 MiB, 256 pids, 1 GiB disk).
+            network: a policy, or ``"none"`` / ``"loopback"`` / ``"allow=HOST:PORT,..."``.
+            env: environment variables of every exec.
+            secrets: like ``env`` but kept only in memory and masked in output.
+            labels: free-form labels.
+            ttl: seconds until the sandbox is destroyed, even if this process dies.
+            hostname: hostname inside.
+            workdir: default working directory.
+            user: default user inside.
+            from_snapshot: memory snapshot id to restore from (microvm).
+            home: data home (default ``ROLLBOX_HOME``).
+
+        Raises:
+            UnknownBackendError, BaselineNotFoundError, CapabilityError, LimitsError:
+                invalid requests, refused before anything starts.
+            BackendError: the sandbox could not be started (nothing is left behind).
+        """
+        from rollbox.baselines.store import BaselineStore
+
+        home = (home or Home.from_env()).ensure()
+        be = get_backend(backend, home)
+        store = BaselineStore(home)
+        info = store.default() if baseline is None else store.resolve(baseline)
+        spec = SandboxSpec(
+            baseline=info.digest,
+            backend=backend,
+            limits=limits or Limits(),
+            network=parse_network(network),
+            env=env or {},
+            labels=labels or {},
+            ttl_s=ttl,
+            hostname=hostname,
+            workdir=workdir,
+            user=user,
+            from_snapshot=from_snapshot,
+        )
+        be.check(spec)
+        be.prepare()
+        handle = await be.create(spec, info)
+        return cls(handle, be, secrets)
+
+    @classmethod
+    async def connect(
+        cls, sandbox_id: str, *, secrets: dict[str, str] | None = None, home: Home | None = None
+    ) -> AsyncSandbox:
+        """Attach to a live sandbox by id (created by this or any other process)."""
+        home = home or Home.from_env()
+        state = read_state(home, sandbox_id)
+        be = get_backend(state.backend, home)
+        return cls(await be.attach(sandbox_id), be, secrets)
+
+    @property
+    def id(self) -> str:
+        """``sbx-<ulid>``."""
+        return self._handle.id
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The sandbox's state record."""
+        return self._handle.info
+
+    @property
+    def handle(self) -> SandboxHandle:
+        """The backend-level handle (for backends' own extras)."""
+        return self._handle
+
+    async def exec(
+        self,
+        cmd: list[str] | str,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+        user: str | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> ExecResult:
+        """Run a command; see :meth:`SandboxHandle.exec`. A non-zero exit is a result,
+        not an exception."""
+        return await self._handle.exec(
+            cmd,
+            cwd=cwd,
+            env=env,
+            secrets=self._secrets or None,
+            stdin=stdin,
+            timeout=timeout,
+            user=user,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+        )
+
+    async def snapshot(self, *, memory: bool = False, name: str | None = None) -> str:
+        """Capture the current state as a new baseline (or memory snapshot); keeps running."""
+        return await self._handle.snapshot(memory=memory, name=name)
+
+    async def fork(self, n: int) -> list[AsyncSandbox]:
+        """``n`` independent sandboxes from the current state (they inherit the secrets)."""
+        return [AsyncSandbox(h, self.backend, self._secrets) for h in await self._handle.fork(n)]
+
+    async def pause(self) -> None:
+        """Freeze every process inside."""
+        await self._handle.pause()
+
+    async def resume(self) -> None:
+        """Thaw the sandbox."""
+        await self._handle.resume()
+
+    async def destroy(self) -> None:
+        """Kill everything inside and remove every host resource (idempotent)."""
+        await self._handle.destroy()
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await asyncio.shield(self.destroy())
+
+
+def parse_network(value: NetworkPolicy | str | None) -> NetworkPolicy:
+    """``None``/``"none"``, ``"loopback"`` or ``"allow=H:P,H:P"`` to a policy.
+
+    Raises:
+        InvalidInputError: the string is not one of those forms.
+    """
+    from rollbox.errors import InvalidInputError
+    from rollbox.models import HostPort
+
+    if value is None:
+        return NetworkPolicy()
+    if isinstance(value, NetworkPolicy):
+        return value
+    if value in ("none", "loopback"):
+        return NetworkPolicy(mode=value)  # type: ignore[arg-type]
+    if value.startswith("allow="):
+        try:
+            allow = [HostPort.parse(x) for x in value[len("allow=") :].split(",") if x]
+        except ValueError as exc:
+            raise InvalidInputError(f"bad network policy {value!r}: {exc}") from None
+        if not allow:
+            raise InvalidInputError("network 'allow=' needs at least one HOST:PORT")
+        return NetworkPolicy(mode="allow", allow=allow)
+    raise InvalidInputError(
+        f"bad network policy {value!r}", hint="use none, loopback or allow=HOST:PORT,..."
+    )
+
+
+# --------------------------------------------------------------------------- sync facade
+
+
+class _Loop:
+    """One event loop in a daemon thread, shared by every sync ``Sandbox``."""
+
+    _lock = threading.Lock()
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def run(cls, coro: Coroutine[Any, Any, T]) -> T:
+        with cls._lock:
+            if cls._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="rollbox-loop", daemon=True).start()
+                cls._loop = loop
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, cls._loop)
+        return fut.result()
+
+
+class Files:
+    """Sync mirror of :class:`AsyncFiles`."""
+
+    def __init__(self, files: AsyncFiles) -> None:
+        self._f = files
+
+    def read(self, path: str) -> bytes:
+        """Read a file inside the sandbox."""
+        return _Loop.run(self._f.read(path))
+
+    def read_text(self, path: str) -> str:
+        """Read a UTF-8 text file inside the sandbox."""
+        return _Loop.run(self._f.read_text(path))
+
+    def write(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+        """Create or replace a file inside the sandbox."""
+        _Loop.run(self._f.write(path, data, mode=mode))
+
+    def upload(self, src: Path | str, dest: str) -> None:
+        """Copy a host file or directory into the sandbox."""
+        _Loop.run(self._f.upload(src, dest))
+
+    def download(self, src: str, dest: Path | str) -> None:
+        """Copy a file or directory out of the sandbox."""
+        _Loop.run(self._f.download(src, dest))
+
+
+class Sandbox:
+    """Sync mirror of :class:`AsyncSandbox` (same names); leaving ``with`` destroys it."""
+
+    def __init__(self, inner: AsyncSandbox) -> None:
+        self._a = inner
+        self.files = Files(inner.files)
+
+    @classmethod
+    def create(cls, baseline: str | None = None, **kwargs: Any) -> Sandbox:
+        """Create and start a sandbox; arguments as :meth:`AsyncSandbox.create`."""
+        return cls(_Loop.run(AsyncSandbox.create(baseline, **kwargs)))
+
+    @classmethod
+    def connect(cls, sandbox_id: str, **kwargs: Any) -> Sandbox:
+        """Attach to a live sandbox by id."""
+        return cls(_Loop.run(AsyncSandbox.connect(sandbox_id, **kwargs)))
+
+    @property
+    def id(self) -> str:
+        """``sbx-<ulid>``."""
+        return self._a.id
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The sandbox's state record."""
+        return self._a.info
+
+    @property
+    def aio(self) -> AsyncSandbox:
+        """The async sandbox underneath."""
+        return self._a
+
+    def exec(self, cmd: list[str] | str, **kwargs: Any) -> ExecResult:
+        """Run a command; arguments as :meth:`AsyncSandbox.exec`."""
+        return _Loop.run(self._a.exec(cmd, **kwargs))
+
+    def snapshot(self, *, memory: bool = False, name: str | None = None) -> str:
+        """Capture the current state as a new baseline (or memory snapshot)."""
+        return _Loop.run(self._a.snapshot(memory=memory, name=name))
+
+    def fork(self, n: int) -> list[Sandbox]:
+        """``n`` independent sandboxes from the current state."""
+        return [Sandbox(a) for a in _Loop.run(self._a.fork(n))]
+
+    def pause(self) -> None:
+        """Freeze every process inside."""
+        _Loop.run(self._a.pause())
+
+    def resume(self) -> None:
+        """Thaw the sandbox."""
+        _Loop.run(self._a.resume())
+
+    def destroy(self) -> None:
+        """Kill everything inside and remove every host resource (idempotent)."""
+        _Loop.run(self._a.destroy())
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.destroy()

@@ -1,0 +1,1 @@
+"""Metadata store (SQLite/PostgreSQL), blobs, provenance digests, export."""
