@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from rollbox.errors import CorruptionError
 from rollbox.models import BlobRef, RolloutRecord, RunRecord
 from rollbox.store.blobs import BlobStore
+from rollbox.store.metadata import MetaStore
 
 _TAG = b"rollbox-provenance/1\n"
 
@@ -146,3 +147,16 @@ def check_run(run: RunRecord, rollouts: dict[str, str | None]) -> list[str]:
     for rid in sorted(set(rollouts) - set(run.rollouts)):
         problems.append(f"run {run.id}: rollout record {rid} was added after the run was sealed")
     return problems
+
+
+def finalize_run(meta: MetaStore, run: RunRecord) -> RunRecord:
+    """Seal ``run`` over its stored rollouts and save it; return the sealed record.
+
+    Call it once the run's last rollout record is saved (and again after ``--resume``).
+
+    Raises:
+        CorruptionError: a stored rollout is not sealed.
+    """
+    sealed = seal_run(run, meta.rollouts_of(run.id))
+    meta.update_run(sealed)
+    return sealed

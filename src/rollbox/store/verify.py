@@ -1,0 +1,124 @@
+"""``rollbox verify``: recompute every digest of a run and name whatever does not match.
+
+Checks, per rollout row: the stored document parses; the query columns agree with the
+document (an edit of one in the database shows); every referenced blob exists and still
+hashes to its reference; the provenance digest recomputes; retry links point at stored
+records. For a sealed run: the run record's own digest, and that the set of rollouts and
+their digests is exactly the one sealed (a deleted or added record shows).
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import ValidationError
+
+from rollbox.errors import StoreError
+from rollbox.models import Model, RolloutRecord, RunRecord
+from rollbox.store import provenance
+from rollbox.store.blobs import BlobStore
+from rollbox.store.metadata import ROLLOUT_COLUMNS, MetaStore
+
+_UNFINISHED = ("queued", "running")
+
+
+class VerifyReport(Model):
+    """Outcome of ``verify_run``."""
+
+    run_id: str
+    """The run checked."""
+    ok: bool
+    """No problem found."""
+    sealed: bool
+    """The run record carries a digest over its rollouts."""
+    rollouts_checked: int
+    """Rollout records checked."""
+    blobs_checked: int
+    """Blob references checked (each content re-hashed)."""
+    problems: list[str] = []
+    """One line per problem: what is tampered or missing."""
+    warnings: list[str] = []
+    """Limits of the check (e.g. an unsealed, still running run)."""
+
+
+def _column_problems(rec: RolloutRecord, columns: dict[str, object]) -> list[str]:
+    out = []
+    for name in ROLLOUT_COLUMNS:
+        stored = columns[name]
+        expected = getattr(rec, name)
+        if stored != expected:
+            out.append(
+                f"rollout {rec.id}: column {name} is {stored!r} in the table but {expected!r}"
+                " in the record (edited in the database)"
+            )
+    return out
+
+
+def verify_run(meta: MetaStore, blobs: BlobStore, run_id: str) -> VerifyReport:
+    """Check every record and blob of run ``run_id``.
+
+    Raises:
+        RunNotFoundError: no such run.
+    """
+    problems: list[str] = []
+    warnings: list[str] = []
+    try:
+        run: RunRecord | None = meta.get_run(run_id)
+    except StoreError as exc:
+        run = None
+        problems.append(f"run {run_id}: {exc.message} (record tampered with)")
+    raws = meta.raw_rollouts_of(run_id)
+    digests: dict[str, str | None] = {}
+    records: list[RolloutRecord] = []
+    blob_count = 0
+    for raw in raws:
+        rid = str(raw.columns["id"])
+        try:
+            rec = RolloutRecord.model_validate_json(raw.doc)
+        except (ValidationError, ValueError) as exc:
+            detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+            problems.append(f"rollout {rid}: record cannot be read ({detail}): tampered with")
+            try:
+                doc = json.loads(raw.doc)
+                digests[rid] = doc.get("provenance_digest") if isinstance(doc, dict) else None
+            except ValueError:
+                digests[rid] = None
+            continue
+        records.append(rec)
+        digests[rid] = rec.provenance_digest
+        problems += _column_problems(rec, raw.columns)
+        blob_count += len(rec.blob_refs())
+        found = provenance.check(rec, blobs)
+        if rec.provenance_digest is None and rec.status in _UNFINISHED:
+            warnings.append(f"rollout {rec.id}: unfinished ({rec.status}), not sealed yet")
+            found = [p for p in found if "not sealed" not in p]
+        problems += found
+    linked = {i for r in records for i in (r.retry_of, r.retried_by) if i is not None}
+    present = set(digests) | meta.rollout_ids(sorted(linked - set(digests)))
+    for r in records:
+        for label, other in (("retry_of", r.retry_of), ("retried_by", r.retried_by)):
+            if other is not None and other not in present:
+                problems.append(f"rollout {r.id}: {label} names rollout {other}, which is missing")
+    sealed = run is not None and run.provenance_digest is not None
+    if run is not None:
+        if sealed:
+            problems += provenance.check_run(run, digests)
+        elif run.status == "running":
+            warnings.append(
+                f"run {run.id} is still running (or was killed): not sealed, so a deleted"
+                " rollout record cannot be detected"
+            )
+        else:
+            warnings.append(
+                f"run {run.id} ({run.status}) is not sealed: a deleted rollout record cannot be"
+                " detected"
+            )
+    return VerifyReport(
+        run_id=run_id,
+        ok=not problems,
+        sealed=sealed,
+        rollouts_checked=len(raws),
+        blobs_checked=blob_count,
+        problems=problems,
+        warnings=warnings,
+    )
