@@ -1,0 +1,1 @@
+"""Builders that produce baselines: bootstrap (mmdebstrap), buildah, skopeo, rootfs import."""

@@ -1,0 +1,36 @@
+"""Running the external tools (mmdebstrap, buildah, skopeo) with captured output."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from rollbox.errors import BackendUnavailableError
+
+_PACKAGES = {"mmdebstrap": "mmdebstrap", "buildah": "buildah", "skopeo": "skopeo"}
+
+
+def need(tool: str) -> str:
+    """Path of ``tool``, or a clear error naming the Debian package to install."""
+    path = shutil.which(tool)
+    if path is None:
+        pkg = _PACKAGES.get(tool, tool)
+        raise BackendUnavailableError(
+            f"{tool} is not installed", hint=f"apt-get install {pkg} (or run `make setup`)"
+        )
+    return path
+
+
+def run(cmd: list[str], *, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd``; stdout and stderr captured together, never raises on exit status."""
+    need(cmd[0])
+    return subprocess.run(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        timeout=timeout,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
