@@ -1,0 +1,507 @@
+"""One rollout through its phases, in a fresh sandbox, with its provenance record.
+
+``queued → provisioning → setup → agent → verify → collect → teardown → done | failed |
+infra_error | interrupted``, each stamped in the :class:`~rollbox.models.RolloutRecord`.
+
+* **provisioning** — a fresh sandbox from the task's baseline (or its group snapshot);
+* **setup** — ``/task/instruction.md`` written (skipped when the baseline is a group snapshot
+  that already has it);
+* **agent** — the agent acts, under ``[agent] timeout_sec``;
+* **verify** — the filesystem diff of the agent's final state is taken first; then
+  ``tests/`` is uploaded to ``/tests`` (never visible to the agent) and ``tests/test.sh`` run,
+  in the same sandbox (``shared``) or in a fresh one created from a snapshot of the agent's
+  final filesystem (``separate``), under ``[verifier] timeout_sec``; the reward is read;
+* **collect** — ``artifacts`` paths and ``/logs/verifier`` downloaded into the blob store;
+* **teardown** — every sandbox destroyed, always: on errors and on cancellation (Ctrl-C),
+  through :func:`asyncio.shield`.
+
+The record is saved when provisioning starts (so a killed run leaves a ``running`` record that
+resume turns into ``interrupted``) and, sealed with its provenance digest, at the end.
+
+Blame: a :class:`~rollbox.errors.BackendError` anywhere is ``infra_error`` (retryable); bad
+task content is ``failed``/``task``; agent timeout or crash is ``failed``/``agent``; no usable
+reward is ``failed``/``verifier``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rollbox import __version__
+from rollbox.config import Home
+from rollbox.errors import (
+    BackendError,
+    CapabilityError,
+    ExecTimeoutError,
+    RollboxError,
+    VerifierError,
+)
+from rollbox.ids import new_id
+from rollbox.models import (
+    BlobRef,
+    ErrorKind,
+    FsChange,
+    PhaseStamp,
+    RolloutRecord,
+    RolloutStatus,
+    VerifierOutcome,
+    utcnow,
+)
+from rollbox.rollouts.agents import INSTRUCTION_PATH, Agent, AgentContext, AgentOutcome
+from rollbox.rollouts.diff import diff_upper, signature, upper_dir_of
+from rollbox.rollouts.tasks import Task, task_tar
+from rollbox.rollouts.verifier import REWARD_DIR, REWARD_JSON, REWARD_TXT, parse_reward
+from rollbox.sandbox import AsyncSandbox
+from rollbox.store.blobs import BlobStore
+from rollbox.store.metadata import MetaStore
+
+TESTS_DIR = "/tests"
+TTL_MARGIN_S = 600.0
+"""Sandboxes outlive a rollout's time budget by this much at most, even if rollbox dies."""
+
+
+@dataclass
+class RolloutPlan:
+    """One rollout to run."""
+
+    task: Task
+    attempt: int
+    agent: Agent
+    baseline: str
+    """Resolved baseline digest the sandbox starts from."""
+    seed: int
+    queued_at: datetime = field(default_factory=utcnow)
+    group_id: str | None = None
+    setup_in_baseline: bool = False
+    """The baseline is a group snapshot taken after setup: skip setup."""
+    retry_of: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _Fail(Exception):
+    """Ends a rollout early with a status and a blamed party."""
+
+    def __init__(self, status: RolloutStatus, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
+
+
+@dataclass
+class Timing:
+    """Seconds spent inside sandbox operations (backend + sandboxed commands), per rollout;
+    the rest of a rollout's wall time is rollbox's own (the benchmark reports both)."""
+
+    backend_s: float = 0.0
+
+
+class RolloutRunner:
+    """Runs rollouts of one run; shared by its concurrent rollouts."""
+
+    def __init__(
+        self,
+        home: Home,
+        meta: MetaStore,
+        blobs: BlobStore,
+        *,
+        run_id: str,
+        backend: str,
+        on_update: Callable[[RolloutRecord], None] | None = None,
+    ) -> None:
+        self.home = home
+        self.meta = meta
+        self.blobs = blobs
+        self.run_id = run_id
+        self.backend = backend
+        self.on_update = on_update
+        self.host = socket.gethostname()
+        self._task_blobs: dict[str, BlobRef] = {}
+        self._versions: dict[str, str] = {}
+        self._lineage: dict[str, list[str]] = {}
+        self._lowers: dict[str, list[Path]] = {}
+        self.timing: dict[str, Timing] = {}
+
+    # ------------------------------------------------------------------ helpers
+
+    def task_blob(self, task: Task) -> BlobRef:
+        """The stored copy of a task (a deterministic tar), stored once per digest."""
+        ref = self._task_blobs.get(task.digest)
+        if ref is None:
+            ref = self.blobs.ref("task.tar", task_tar(task.path))
+            self._task_blobs[task.digest] = ref
+        return ref
+
+    def lineage(self, digest: str) -> list[str]:
+        """``digest`` and its parents (self first)."""
+        if digest not in self._lineage:
+            from rollbox.baselines.store import BaselineStore
+
+            store = BaselineStore(self.home)
+            chain = [digest]
+            cur: str | None = digest
+            try:
+                while cur is not None and len(chain) < 64:
+                    cur = store.resolve(cur).parent
+                    if cur is not None:
+                        chain.append(cur)
+            except RollboxError:
+                pass
+            self._lineage[digest] = chain
+        return self._lineage[digest]
+
+    def lowers(self, digest: str) -> list[Path]:
+        """The baseline's unpacked layer directories, bottom first (cached)."""
+        if digest not in self._lowers:
+            from rollbox.baselines.store import BaselineStore
+
+            self._lowers[digest] = BaselineStore(self.home).layer_dirs(digest)
+        return self._lowers[digest]
+
+    def new_record(self, plan: RolloutPlan) -> RolloutRecord:
+        """The initial (queued) record of a plan."""
+        task = plan.task
+        env_names = sorted(
+            {*task.environment.env, *task.verifier.env, "ROLLBOX_INSTRUCTION"}
+            if plan.agent.spec.startswith("cmd:")
+            else {*task.environment.env, *task.verifier.env}
+        )
+        return RolloutRecord(
+            id=new_id("ro"),
+            run_id=self.run_id,
+            task_name=task.name,
+            task_digest=task.digest,
+            task_blob=self.task_blob(task),
+            task_path=str(task.path),
+            attempt=plan.attempt,
+            agent=plan.agent.spec,
+            agent_config={
+                **plan.agent.identity(),
+                "timeout_sec": task.agent.timeout_sec,
+            },
+            seed=plan.seed,
+            backend=self.backend,
+            host=self.host,
+            rollbox_version=__version__,
+            baseline_digest=plan.baseline,
+            baseline_lineage=self.lineage(plan.baseline),
+            limits=task.limits(),
+            network=task.network(),
+            env_names=env_names,
+            phases=[PhaseStamp(phase="queued", at=plan.queued_at)],
+            group_id=plan.group_id,
+            retry_of=plan.retry_of,
+            extra={
+                "verifier_mode": task.verifier.environment_mode,
+                "verifier_timeout_sec": task.verifier.timeout_sec,
+                **({"ignored_task_keys": list(task.ignored_keys)} if task.ignored_keys else {}),
+                **plan.extra,
+            },
+        )
+
+    async def _create(self, plan: RolloutPlan, rec: RolloutRecord, baseline: str) -> AsyncSandbox:
+        task = plan.task
+        ttl = task.agent.timeout_sec + task.verifier.timeout_sec + TTL_MARGIN_S
+        t0 = time.perf_counter()
+        try:
+            sbx = await AsyncSandbox.create(
+                baseline,
+                backend=self.backend,
+                limits=task.limits(),
+                network=task.network(),
+                env=dict(task.environment.env),
+                labels={"rollbox.run": self.run_id, "rollbox.rollout": rec.id},
+                ttl=ttl,
+                workdir=task.environment.workdir,
+                home=self.home,
+            )
+        except BackendError as exc:
+            raise _Fail("infra_error", "infra", f"provisioning failed: {exc.one_line()}") from None
+        except RollboxError as exc:
+            raise _Fail("failed", "task", f"sandbox refused: {exc.one_line()}") from None
+        finally:
+            self._time(rec).backend_s += time.perf_counter() - t0
+        rec.sandbox_ids = [*rec.sandbox_ids, sbx.id]
+        return sbx
+
+    def _time(self, rec: RolloutRecord) -> Timing:
+        t = self.timing.get(rec.id)
+        if t is None:
+            t = self.timing[rec.id] = Timing()
+        return t
+
+    async def _save(self, rec: RolloutRecord) -> None:
+        await asyncio.to_thread(self.meta.save_rollout, rec)
+
+    def _notify(self, rec: RolloutRecord) -> None:
+        if self.on_update is not None:
+            self.on_update(rec)
+
+    # ------------------------------------------------------------------ the rollout
+
+    async def run(self, plan: RolloutPlan) -> RolloutRecord:
+        """Run one rollout to a terminal status and store its sealed record.
+
+        Never raises for a rollout's own failures (they are in the record); re-raises
+        :class:`asyncio.CancelledError` after recording ``interrupted`` and tearing down.
+        """
+        rec = self.new_record(plan)
+        sandboxes: list[AsyncSandbox] = []
+        cancelled = False
+        try:
+            rec.stamp("provisioning")
+            rec.status = "running"
+            await self._save(rec)
+            self._notify(rec)
+            await self._phases(plan, rec, sandboxes)
+            rec.status = "done"
+        except asyncio.CancelledError:
+            cancelled = True
+            rec.status = "interrupted"
+            rec.error = "interrupted (run cancelled)"
+            rec.error_kind = "infra"
+        except _Fail as f:
+            rec.status = f.status
+            rec.error = f.message
+            rec.error_kind = f.kind
+        except BackendError as exc:
+            rec.status = "infra_error"
+            rec.error = exc.one_line()
+            rec.error_kind = "infra"
+        except Exception as exc:  # a bug must not take the whole run down
+            rec.status = "failed"
+            rec.error = f"internal error: {type(exc).__name__}: {exc}"
+            rec.error_kind = "infra"
+        finally:
+            rec.stamp("teardown")
+            await asyncio.shield(self._teardown(rec, sandboxes))
+            final = rec.status if rec.status != "running" else "failed"
+            rec.status = final
+            rec.stamp(
+                final if final in ("done", "failed", "infra_error", "interrupted") else "failed"
+            )
+            rec.finished_at = utcnow()
+            await asyncio.shield(self._finish(rec))
+            self._notify(rec)
+        if cancelled:
+            raise asyncio.CancelledError
+        return rec
+
+    async def _teardown(self, rec: RolloutRecord, sandboxes: list[AsyncSandbox]) -> None:
+        t0 = time.perf_counter()
+        for sbx in sandboxes:
+            try:
+                await sbx.destroy()
+            except Exception as exc:
+                rec.extra = {**rec.extra, "teardown_error": f"{type(exc).__name__}: {exc}"}
+        self._time(rec).backend_s += time.perf_counter() - t0
+
+    async def _finish(self, rec: RolloutRecord) -> None:
+        from rollbox.store.provenance import seal
+
+        def work() -> RolloutRecord:
+            sealed = seal(rec, self.blobs)
+            self.meta.save_rollout(sealed)
+            return sealed
+
+        sealed = await asyncio.to_thread(work)
+        rec.provenance_digest = sealed.provenance_digest
+
+    async def _phases(
+        self, plan: RolloutPlan, rec: RolloutRecord, sandboxes: list[AsyncSandbox]
+    ) -> None:
+        task = plan.task
+        timing = self._time(rec)
+        sbx = await self._create(plan, rec, plan.baseline)
+        sandboxes.append(sbx)
+        info = sbx.info
+        rec.accelerator = info.accelerator
+        if self.backend not in self._versions:
+            self._versions[self.backend] = info.backend_version or sbx.backend.version()
+        rec.backend_version = self._versions[self.backend]
+        upper = upper_dir_of(dict(info.extra), self.home.sandboxes / sbx.id)
+        noise = await asyncio.to_thread(signature, upper) if upper is not None else {}
+
+        rec.stamp("setup")
+        if not plan.setup_in_baseline:
+            t0 = time.perf_counter()
+            await sbx.files.write(INSTRUCTION_PATH, task.instruction)
+            timing.backend_s += time.perf_counter() - t0
+
+        rec.stamp("agent")
+        ctx = AgentContext(
+            sandbox=sbx, task=task, timeout=task.agent.timeout_sec, workdir=task.environment.workdir
+        )
+        t0 = time.perf_counter()
+        outcome = await plan.agent.run(ctx)
+        timing.backend_s += time.perf_counter() - t0
+        self._record_agent(rec, outcome)
+
+        rec.stamp("verify")
+        if not (task.tests_dir / "test.sh").is_file():
+            raise _Fail("failed", "task", f"task {task.name} has no tests/test.sh")
+        vsbx = sbx
+        top_layer: Path | None = None
+        if task.verifier.environment_mode == "separate":
+            if not sbx.backend.capabilities.snapshot:
+                raise CapabilityError(f"backend {self.backend!r} cannot snapshot (separate mode)")
+            t0 = time.perf_counter()
+            if upper is not None:
+                rec.fs_diff = await asyncio.to_thread(
+                    diff_upper, upper, self.lowers(plan.baseline), noise=noise
+                )
+            snap = await sbx.snapshot()
+            await sbx.destroy()
+            timing.backend_s += time.perf_counter() - t0
+            rec.extra = {**rec.extra, "verifier_baseline": snap}
+            if upper is None:
+                top_layer = self.lowers(snap)[-1]
+            vsbx = await self._create(plan, rec, snap)
+            sandboxes.append(vsbx)
+        elif upper is not None:
+            rec.fs_diff = await asyncio.to_thread(
+                diff_upper, upper, self.lowers(plan.baseline), noise=noise
+            )
+        else:
+            # No host-side upper dir (microVM): diff the top layer of a snapshot.
+            t0 = time.perf_counter()
+            snap = await sbx.snapshot()
+            timing.backend_s += time.perf_counter() - t0
+            top_layer = self.lowers(snap)[-1]
+        if top_layer is not None:
+            rec.fs_diff = await asyncio.to_thread(diff_upper, top_layer, self.lowers(plan.baseline))
+        await self._verify(rec, vsbx, task)
+
+        rec.stamp("collect")
+        await self._collect(rec, vsbx, task)
+        if rec.agent_timed_out or (rec.error_kind == "agent" and rec.error):
+            raise _Fail("failed", "agent", rec.error or "agent failed")
+        if rec.verifier is not None and rec.verifier.error:
+            raise _Fail("failed", "verifier", rec.verifier.error)
+
+    def _record_agent(self, rec: RolloutRecord, outcome: AgentOutcome) -> None:
+        cap = rec.limits.output_bytes if rec.limits else 1 << 20
+        if outcome.exit_code is not None:
+            rec.exit_codes = {**rec.exit_codes, "agent": outcome.exit_code}
+        if outcome.stdout or outcome.exit_code is not None:
+            data = outcome.stdout.encode()
+            rec.stdout = self.blobs.ref("agent.stdout", data, truncated=len(data) >= cap)
+        if outcome.stderr or outcome.exit_code is not None:
+            data = outcome.stderr.encode()
+            rec.stderr = self.blobs.ref("agent.stderr", data, truncated=len(data) >= cap)
+        if outcome.trajectory is not None:
+            import json
+
+            data = json.dumps(outcome.trajectory, sort_keys=True).encode()
+            rec.trajectory = self.blobs.ref("trajectory.json", data)
+        rec.agent_timed_out = outcome.timed_out
+        if outcome.error:
+            rec.error = outcome.error
+            rec.error_kind = "agent"
+
+    async def _verify(self, rec: RolloutRecord, sbx: AsyncSandbox, task: Task) -> None:
+        timing = self._time(rec)
+        mode = task.verifier.environment_mode
+        t0 = time.perf_counter()
+        await sbx.files.upload(task.tests_dir, TESTS_DIR)
+        outcome = VerifierOutcome(mode=mode)
+        started = time.perf_counter()
+        try:
+            r = await sbx.exec(
+                ["bash", "-c", f"mkdir -p {REWARD_DIR} && exec bash {TESTS_DIR}/test.sh"],
+                cwd=task.environment.workdir,
+                env=dict(task.verifier.env),
+                timeout=task.verifier.timeout_sec,
+            )
+            outcome.exit_code = r.exit_code
+            rec.exit_codes = {**rec.exit_codes, "verifier": r.exit_code}
+            out, err = r.stdout, r.stderr
+        except ExecTimeoutError as exc:
+            out, err = exc.stdout, exc.stderr
+            outcome.error = f"verifier timed out after {task.verifier.timeout_sec:g}s"
+        outcome.duration_s = time.perf_counter() - started
+        outcome.stdout = self.blobs.ref("verifier.stdout", out.encode())
+        outcome.stderr = self.blobs.ref("verifier.stderr", err.encode())
+        if outcome.error is None:
+            txt = await self._read_optional(sbx, REWARD_TXT)
+            js = await self._read_optional(sbx, REWARD_JSON)
+            try:
+                reward = parse_reward(txt, js)
+            except VerifierError as exc:
+                tail = f"; test.sh exited {outcome.exit_code}" if outcome.exit_code else ""
+                outcome.error = exc.one_line() + tail
+            else:
+                outcome.reward = reward.reward
+                outcome.rewards = reward.rewards
+                threshold = task.rollbox.pass_threshold
+                outcome.passed = (
+                    reward.reward > 0 if threshold is None else reward.reward >= threshold
+                )
+        timing.backend_s += time.perf_counter() - t0
+        rec.verifier = outcome
+
+    @staticmethod
+    async def _read_optional(sbx: AsyncSandbox, path: str) -> bytes | None:
+        try:
+            return await sbx.files.read(path)
+        except BackendError:
+            raise
+        except (RollboxError, OSError):
+            return None
+
+    async def _collect(self, rec: RolloutRecord, sbx: AsyncSandbox, task: Task) -> None:
+        timing = self._time(rec)
+        scratch = self.home.tmp / f"collect-{rec.id}"
+        refs: list[BlobRef] = []
+        missing: list[str] = []
+        t0 = time.perf_counter()
+        try:
+            for i, src in enumerate([*task.artifacts, REWARD_DIR]):
+                dest = scratch / str(i)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    await sbx.files.download(src, dest)
+                except BackendError:
+                    raise
+                except (RollboxError, OSError) as exc:
+                    if src != REWARD_DIR:
+                        missing.append(f"{src}: {exc}")
+                    continue
+                refs += await asyncio.to_thread(self._store_tree, src, dest)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, scratch, True)
+            timing.backend_s += time.perf_counter() - t0
+        rec.artifacts = refs
+        if missing:
+            rec.extra = {**rec.extra, "missing_artifacts": missing}
+
+    def _store_tree(self, src: str, dest: Path) -> list[BlobRef]:
+        if dest.is_symlink() or dest.is_file():
+            return [self.blobs.ref_file(src, dest)] if dest.is_file() else []
+        out: list[BlobRef] = []
+        for dirpath, dirnames, filenames in os.walk(dest):
+            dirnames.sort()
+            for name in sorted(filenames):
+                full = Path(dirpath) / name
+                if full.is_symlink() or not full.is_file():
+                    continue
+                rel = full.relative_to(dest).as_posix()
+                out.append(self.blobs.ref_file(f"{src.rstrip('/')}/{rel}", full))
+        return out
+
+
+def fs_summary(changes: list[FsChange]) -> dict[str, int]:
+    """Counts of added/modified/deleted paths."""
+    out = {"added": 0, "modified": 0, "deleted": 0}
+    for c in changes:
+        out[c.kind] += 1
+    return out

@@ -1,0 +1,616 @@
+"""A run: tasks × attempts, with bounded concurrency, infra-only retries, groups and resume.
+
+Rollouts fan out under an :class:`asyncio.Semaphore` inside an :class:`asyncio.TaskGroup`.
+A rollout that ends in ``infra_error`` is retried (up to ``retries`` times) in a fresh sandbox;
+the failed attempt's record is kept and linked both ways (``retry_of`` / ``retried_by``).
+Task, agent and verifier failures are never retried: they are results.
+
+``group_from_snapshot`` (or ``[rollbox] group_mode = "snapshot"``): per task, one sandbox is
+set up, snapshotted into a baseline (parent recorded) and destroyed; the task's attempts all
+start from that snapshot and share a ``group_id``.
+
+Cancellation (Ctrl-C, SIGTERM) cancels every rollout: each tears its sandboxes down and saves
+itself as ``interrupted``; the run is saved as ``interrupted``. A run whose process was killed
+(SIGKILL) is found by :func:`reap_stale_runs` (its owner pid is gone) and marked the same
+way; ``resume`` then runs exactly the slots (task, attempt) that have no final record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import socket
+import tarfile
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollbox import __version__
+from rollbox.config import Home
+from rollbox.errors import InvalidInputError, RollboxError, TaskError
+from rollbox.hoststate import HostState
+from rollbox.ids import new_id
+from rollbox.models import PhaseStamp, RolloutRecord, RunRecord, utcnow
+from rollbox.rollouts.agents import Agent, parse_agent
+from rollbox.rollouts.backend_choice import BackendChoice, choose_backend
+from rollbox.rollouts.runner import RolloutPlan, RolloutRunner
+from rollbox.rollouts.tasks import Task, load_task, task_digest
+from rollbox.store.blobs import BlobStore
+from rollbox.store.metadata import MetaStore
+
+FINAL = ("done", "failed", "infra_error")
+
+
+@dataclass
+class RunOptions:
+    """What ``rollbox run`` was asked to do (stored in ``RunRecord.args`` for resume)."""
+
+    task_dirs: list[str]
+    agent: str = "oracle"
+    attempts: int | None = None
+    """Attempts per task; None: each task's ``[rollbox] attempts`` or 1."""
+    concurrency: int = 4
+    backend: str = "auto"
+    retries: int = 1
+    group_from_snapshot: bool = False
+    seed: int = 0
+
+    def to_args(self) -> dict[str, Any]:
+        """JSON-able form (``RunRecord.args``)."""
+        return {
+            "task_dirs": self.task_dirs,
+            "agent": self.agent,
+            "attempts": self.attempts,
+            "concurrency": self.concurrency,
+            "backend": self.backend,
+            "retries": self.retries,
+            "group_from_snapshot": self.group_from_snapshot,
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]) -> RunOptions:
+        """Back from ``RunRecord.args``."""
+        known = {k: v for k, v in args.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    def validate(self) -> None:
+        """Raises InvalidInputError for values no run can start with."""
+        if not self.task_dirs:
+            raise InvalidInputError("no task directories given", hint="rollbox run TASK_DIR...")
+        if self.concurrency < 1:
+            raise InvalidInputError("--concurrency must be at least 1")
+        if self.attempts is not None and self.attempts < 1:
+            raise InvalidInputError("--attempts must be at least 1")
+        if self.retries < 0:
+            raise InvalidInputError("--retries must be 0 or more")
+
+
+@dataclass
+class RunEvents:
+    """Callbacks for progress displays."""
+
+    on_start: Callable[[RunRecord, int], None] | None = None
+    """The run record and the number of slots to run."""
+    on_rollout: Callable[[RolloutRecord], None] | None = None
+    """A rollout record changed (started or finished)."""
+
+
+@dataclass
+class _Slot:
+    task_dir: str
+    attempt: int
+    task: Task | None
+    error: str | None = None
+    replaces: str | None = None
+    """Id of an interrupted record this slot re-runs (resume)."""
+
+
+@dataclass
+class RunResult:
+    """A finished (or interrupted) run."""
+
+    run: RunRecord
+    rollouts: list[RolloutRecord] = field(default_factory=list)
+    runner: RolloutRunner | None = None
+
+
+def seed_for(run_id: str, task_digest_: str, attempt: int, base: int = 0) -> int:
+    """A deterministic per-rollout seed (recorded; repro reuses it)."""
+    h = hashlib.sha256(f"{base}:{run_id}:{task_digest_}:{attempt}".encode()).digest()
+    return int.from_bytes(h[:4], "big") & 0x7FFFFFFF
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale_runs(meta: MetaStore, blobs: BlobStore) -> list[str]:
+    """Mark runs whose ``rollbox run`` process is gone as ``interrupted``.
+
+    Their unfinished rollout records become ``interrupted`` (sealed); finished ones are left
+    exactly as they are. Returns the ids of the runs marked.
+    """
+    from rollbox.store.provenance import finalize_run, seal
+
+    marked: list[str] = []
+    for run in meta.list_runs():
+        if run.status != "running" or _pid_alive(run.owner_pid):
+            continue
+        for rec in meta.rollouts_of(run.id):
+            if rec.status in FINAL or rec.status == "interrupted":
+                continue
+            rec.status = "interrupted"
+            rec.error = f"rollbox run (pid {run.owner_pid}) died before this rollout finished"
+            rec.error_kind = "infra"
+            rec.stamp("interrupted")
+            rec.finished_at = utcnow()
+            meta.save_rollout(seal(rec, blobs))
+        run.status = "interrupted"
+        run.finished_at = utcnow()
+        meta.update_run(run)
+        try:
+            finalize_run(meta, meta.get_run(run.id))
+        except RollboxError:
+            pass
+        marked.append(run.id)
+    return marked
+
+
+def resolve_baseline(task: Task, home: Home) -> str:
+    """The baseline digest a task starts from: ``[rollbox] baseline`` or
+    ``[environment] docker_image`` (a store reference), else ``environment/Dockerfile`` built
+    through the baseline store (cached by input hash), else the default baseline.
+
+    Raises:
+        RollboxError: the reference is unknown or the build failed.
+    """
+    from rollbox.baselines.store import BaselineStore
+
+    store = BaselineStore(home)
+    ref = task.rollbox.baseline or task.environment.docker_image
+    if ref:
+        return store.resolve(ref).digest
+    if task.dockerfile is not None:
+        return str(_build(store, task).digest)
+    return store.default().digest
+
+
+def _build(store: Any, task: Task) -> Any:
+    assert task.dockerfile is not None
+    context = task.dockerfile.parent
+    build = getattr(store, "build", None)
+    if callable(build):
+        return build(context, dockerfile=task.dockerfile)
+    try:
+        from rollbox.baselines.builders import buildah  # type: ignore[attr-defined]
+    except ImportError:
+        raise TaskError(
+            f"task {task.name}: this rollbox cannot build environment/Dockerfile yet",
+            hint="set [rollbox] baseline = '<digest or name>' in task.toml",
+        ) from None
+    for name in ("build_dockerfile", "build"):
+        fn = getattr(buildah, name, None)
+        if callable(fn):
+            return fn(store, context, dockerfile=task.dockerfile)
+    raise TaskError(f"task {task.name}: no Dockerfile builder available")
+
+
+def _leftovers(before: HostState, after: HostState, home: Home, ids: set[str]) -> list[str]:
+    """Resources in ``after`` not in ``before`` that belong to this run's sandboxes/home
+    (other homes' sandboxes on a shared host are not ours to report)."""
+    out: list[str] = []
+    marks = [home.tag, str(home.root), *ids]
+    for kind, items in before.diff(after).items():
+        for item in items:
+            if kind == "processes":
+                pid = item.split(" ", 1)[0]
+                try:
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                except OSError:
+                    continue  # gone by now: not a leak
+                if any(m.encode() in cmdline for m in marks):
+                    out.append(f"{kind}: {item}")
+            elif kind == "sandbox_dirs":
+                if item in ids:
+                    out.append(f"{kind}: {item}")
+            elif any(m in item for m in marks):
+                out.append(f"{kind}: {item}")
+    return out
+
+
+class Run:
+    """Executes one run (new or resumed)."""
+
+    def __init__(
+        self,
+        home: Home,
+        meta: MetaStore,
+        blobs: BlobStore,
+        options: RunOptions,
+        *,
+        events: RunEvents | None = None,
+        check_host: bool = True,
+    ) -> None:
+        self.home = home
+        self.meta = meta
+        self.blobs = blobs
+        self.options = options
+        self.events = events or RunEvents()
+        self.check_host = check_host
+        self._runners: dict[str, RolloutRunner] = {}
+        self._groups: dict[str, asyncio.Future[str]] = {}
+        self._baselines: dict[str, str | Exception] = {}
+        self.records: list[RolloutRecord] = []
+        self.choice: BackendChoice | None = None
+        self.agent: Agent | None = None
+        self.run: RunRecord | None = None
+
+    # ------------------------------------------------------------------ setup
+
+    def start_new(self) -> RunRecord:
+        """Validate the options, choose the backend, create the run record."""
+        self.options.validate()
+        self.agent = parse_agent(self.options.agent)
+        self.choice = choose_backend(self.options.backend, self.home)
+        run = RunRecord(
+            id=new_id("run"),
+            args=self.options.to_args(),
+            task_dirs=list(self.options.task_dirs),
+            agent=self.options.agent,
+            backend=self.choice.name,
+            backend_reason=self.choice.reason,
+            concurrency=self.options.concurrency,
+            attempts=self.options.attempts or 1,
+            retries=self.options.retries,
+            group_from_snapshot=self.options.group_from_snapshot,
+            owner_pid=os.getpid(),
+            host=socket.gethostname(),
+            rollbox_version=__version__,
+        )
+        self.meta.create_run(run)
+        self.run = run
+        return run
+
+    def start_resume(self, ref: str) -> RunRecord:
+        """Take over a stored run: mark what its dead process left as interrupted."""
+        reap_stale_runs(self.meta, self.blobs)
+        run = self.meta.resolve_run(ref)
+        if run.status == "running" and _pid_alive(run.owner_pid) and run.owner_pid != os.getpid():
+            raise InvalidInputError(
+                f"run {run.id} is still running (pid {run.owner_pid})", hint="wait or kill it"
+            )
+        self.options = RunOptions.from_args(run.args)
+        self.agent = parse_agent(self.options.agent)
+        self.choice = BackendChoice(run.backend, run.backend_reason or "recorded")
+        run.status = "running"
+        run.owner_pid = os.getpid()
+        run.finished_at = None
+        self.meta.update_run(run)
+        self.run = run
+        return run
+
+    def _runner(self, backend: str) -> RolloutRunner:
+        r = self._runners.get(backend)
+        if r is None:
+            assert self.run is not None
+            r = RolloutRunner(
+                self.home,
+                self.meta,
+                self.blobs,
+                run_id=self.run.id,
+                backend=backend,
+                on_update=self.events.on_rollout,
+            )
+            self._runners[backend] = r
+        return r
+
+    def _slots(self, existing: list[RolloutRecord]) -> list[_Slot]:
+        tasks: list[tuple[str, Task | None, str | None]] = []
+        for d in self.options.task_dirs:
+            try:
+                tasks.append((str(Path(d).absolute()), load_task(d), None))
+            except TaskError as exc:
+                tasks.append((str(Path(d).absolute()), None, exc.one_line()))
+        by_slot: dict[tuple[str, int], list[RolloutRecord]] = {}
+        for rec in existing:
+            by_slot.setdefault((rec.task_path, rec.attempt), []).append(rec)
+        slots: list[_Slot] = []
+        max_k = max(
+            (self._attempts(t) for _, t, _ in tasks),
+            default=1,
+        )
+        for attempt in range(max_k):
+            for path, task, err in tasks:
+                if attempt >= self._attempts(task):
+                    continue
+                recs = by_slot.get((path, attempt), [])
+                if any(r.status in FINAL and r.retried_by is None for r in recs):
+                    continue
+                pending = [r for r in recs if r.retried_by is None]
+                slots.append(
+                    _Slot(path, attempt, task, err, replaces=pending[-1].id if pending else None)
+                )
+        return slots
+
+    def _attempts(self, task: Task | None) -> int:
+        if self.options.attempts is not None:
+            return self.options.attempts
+        if task is not None and task.rollbox.attempts is not None:
+            return task.rollbox.attempts
+        return 1
+
+    def _backend_for(self, task: Task) -> str:
+        assert self.choice is not None
+        if self.options.backend == "auto" and task.rollbox.backend:
+            return task.rollbox.backend
+        return self.choice.name
+
+    # ------------------------------------------------------------------ execution
+
+    async def execute(self) -> RunResult:
+        """Run every pending slot; returns when all are final or the run is cancelled."""
+        assert self.run is not None
+        run = self.run
+        reap_stale_runs(self.meta, self.blobs)
+        existing = await asyncio.to_thread(self.meta.rollouts_of, run.id)
+        slots = self._slots(existing)
+        if self.events.on_start:
+            self.events.on_start(run, len(slots))
+        before = HostState.capture(self.home.sandboxes) if self.check_host else None
+        sem = asyncio.Semaphore(self.options.concurrency)
+        status = "done"
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for slot in slots:
+                    tg.create_task(self._slot(slot, sem))
+        except BaseException as exc:
+            status = "interrupted"
+            if not isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
+                status = "failed"
+            await asyncio.shield(self._close(run, status, before))
+            raise
+        await self._close(run, status, before)
+        return RunResult(run=self.run, rollouts=self.records)
+
+    async def _close(self, run: RunRecord, status: str, before: HostState | None) -> None:
+        from rollbox.rollouts.report import summarize
+        from rollbox.store.provenance import finalize_run
+
+        cleanup: dict[str, Any] | None = None
+        if before is not None:
+            after = HostState.capture(self.home.sandboxes)
+            ids = {s for r in self.records for s in r.sandbox_ids}
+            left = _leftovers(before, after, self.home, ids)
+            cleanup = {"ok": not left, "leftovers": left}
+
+        def work() -> RunRecord:
+            run.status = status  # type: ignore[assignment]
+            run.finished_at = utcnow()
+            records = self.meta.rollouts_of(run.id)
+            summary = summarize(run, records, cleanup)
+            run.summary = {**summary.model_dump(mode="json"), "cleanup": cleanup}
+            self.meta.update_run(run)
+            try:
+                return finalize_run(self.meta, run)
+            except RollboxError:
+                return run
+
+        self.run = await asyncio.to_thread(work)
+
+    async def _slot(self, slot: _Slot, sem: asyncio.Semaphore) -> None:
+        queued_at = utcnow()
+        async with sem:
+            if slot.task is None or slot.error is not None:
+                await self._record_load_failure(slot, queued_at)
+                return
+            task = slot.task
+            assert self.agent is not None and self.run is not None
+            runner = self._runner(self._backend_for(task))
+            retry_of = slot.replaces
+            previous: RolloutRecord | None = None
+            if retry_of is not None:
+                previous = await asyncio.to_thread(self.meta.get_rollout, retry_of)
+            for n in range(self.options.retries + 1):
+                plan = await self._plan(slot, task, runner, queued_at, retry_of)
+                if isinstance(plan, RolloutRecord):
+                    rec = plan
+                else:
+                    if previous is not None:
+                        plan.extra["retry_reason"] = previous.error or previous.status
+                    rec = await runner.run(plan)
+                if previous is not None:
+                    await self._link(previous, rec.id)
+                self.records.append(rec)
+                if rec.status != "infra_error" or n == self.options.retries:
+                    return
+                previous, retry_of, queued_at = rec, rec.id, utcnow()
+
+    async def _link(self, previous: RolloutRecord, new_id_: str) -> None:
+        from rollbox.store.provenance import seal
+
+        def work() -> None:
+            prev = self.meta.get_rollout(previous.id)
+            prev.retried_by = new_id_
+            self.meta.save_rollout(seal(prev, self.blobs))
+
+        await asyncio.to_thread(work)
+        previous.retried_by = new_id_
+
+    async def _baseline(self, task: Task) -> str:
+        key = task.digest
+        if key not in self._baselines:
+            try:
+                self._baselines[key] = await asyncio.to_thread(resolve_baseline, task, self.home)
+            except RollboxError as exc:
+                self._baselines[key] = exc
+        value = self._baselines[key]
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    async def _plan(
+        self,
+        slot: _Slot,
+        task: Task,
+        runner: RolloutRunner,
+        queued_at: Any,
+        retry_of: str | None,
+    ) -> RolloutPlan | RolloutRecord:
+        """The plan of a slot, or a failed record when its baseline cannot be had."""
+        assert self.agent is not None and self.run is not None
+        try:
+            baseline = await self._baseline(task)
+        except RollboxError as exc:
+            return await self._failed_record(
+                slot, queued_at, f"baseline: {exc.one_line()}", retry_of, task
+            )
+        plan = RolloutPlan(
+            task=task,
+            attempt=slot.attempt,
+            agent=self.agent,
+            baseline=baseline,
+            seed=seed_for(self.run.id, task.digest, slot.attempt, self.options.seed),
+            queued_at=queued_at,
+            retry_of=retry_of,
+        )
+        if self.options.group_from_snapshot or task.rollbox.group_mode == "snapshot":
+            try:
+                plan.baseline = await self._group_baseline(task, runner, baseline)
+            except RollboxError as exc:
+                from rollbox.errors import BackendError
+
+                status = "infra_error" if isinstance(exc, BackendError) else "failed"
+                return await self._failed_record(
+                    slot, queued_at, f"group setup: {exc.one_line()}", retry_of, task, status
+                )
+            plan.group_id = f"grp-{task.digest[7:19]}-{self.run.id[-8:]}"
+            plan.setup_in_baseline = True
+            plan.extra["group_parent_baseline"] = baseline
+        return plan
+
+    async def _group_baseline(self, task: Task, runner: RolloutRunner, baseline: str) -> str:
+        """Set the task up once, snapshot it, share the snapshot among its attempts."""
+        fut = self._groups.get(task.digest)
+        if fut is None or (fut.done() and fut.exception() is not None):
+            fut = asyncio.get_running_loop().create_future()
+            self._groups[task.digest] = fut
+            try:
+                fut.set_result(await self._make_group(task, runner, baseline))
+            except asyncio.CancelledError:
+                fut.cancel()
+                raise
+            except BaseException as exc:
+                fut.set_exception(exc)
+                fut.exception()  # mark retrieved: the waiting attempts report it themselves
+                raise
+        return await asyncio.shield(fut)
+
+    async def _make_group(self, task: Task, runner: RolloutRunner, baseline: str) -> str:
+        from rollbox.rollouts.agents import INSTRUCTION_PATH
+        from rollbox.sandbox import AsyncSandbox
+
+        sbx = await AsyncSandbox.create(
+            baseline,
+            backend=runner.backend,
+            limits=task.limits(),
+            network=task.network(),
+            env=dict(task.environment.env),
+            labels={"rollbox.run": runner.run_id, "rollbox.group": task.name},
+            ttl=600,
+            workdir=task.environment.workdir,
+            home=self.home,
+        )
+        try:
+            await sbx.files.write(INSTRUCTION_PATH, task.instruction)
+            return await sbx.snapshot(name=None)
+        finally:
+            await asyncio.shield(sbx.destroy())
+
+    async def _failed_record(
+        self,
+        slot: _Slot,
+        queued_at: Any,
+        error: str,
+        retry_of: str | None,
+        task: Task | None = None,
+        status: str = "failed",
+    ) -> RolloutRecord:
+        from rollbox.store.provenance import seal
+
+        assert self.run is not None and self.agent is not None
+        digest = task.digest if task is not None else ""
+        if task is None:
+            try:
+                digest = task_digest(Path(slot.task_dir))
+            except (RollboxError, OSError):
+                digest = ""
+        now = utcnow()
+        rec = RolloutRecord(
+            id=new_id("ro"),
+            run_id=self.run.id,
+            task_name=task.name if task is not None else Path(slot.task_dir).name,
+            task_digest=digest,
+            task_path=slot.task_dir,
+            attempt=slot.attempt,
+            agent=self.agent.spec,
+            agent_config=self.agent.identity(),
+            backend=self.run.backend,
+            host=socket.gethostname(),
+            rollbox_version=__version__,
+            phases=[PhaseStamp(phase="queued", at=queued_at), PhaseStamp(phase="failed", at=now)],
+            status=status,  # type: ignore[arg-type]
+            error=error,
+            error_kind="task" if status == "failed" else "infra",
+            retry_of=retry_of,
+            finished_at=now,
+        )
+        if status == "infra_error":
+            rec.phases = [rec.phases[0], PhaseStamp(phase="infra_error", at=now)]
+        sealed = seal(rec, self.blobs)
+        await asyncio.to_thread(self.meta.save_rollout, sealed)
+        if self.events.on_rollout:
+            self.events.on_rollout(sealed)
+        return sealed
+
+    async def _record_load_failure(self, slot: _Slot, queued_at: Any) -> None:
+        rec = await self._failed_record(
+            slot, queued_at, slot.error or "task could not be loaded", slot.replaces
+        )
+        if slot.replaces is not None:
+            await self._link(await asyncio.to_thread(self.meta.get_rollout, slot.replaces), rec.id)
+        self.records.append(rec)
+
+
+# --------------------------------------------------------------------------- repro
+
+
+def extract_task(blobs: BlobStore, rec: RolloutRecord, dest_root: Path) -> Path:
+    """Unpack the stored copy of a rollout's task into ``dest_root/<digest hex>``."""
+    if rec.task_blob is None:
+        raise TaskError(f"rollout {rec.id} has no stored task copy")
+    dest = dest_root / rec.task_digest.removeprefix("sha256:")[:16]
+    if not dest.is_dir():
+        dest.mkdir(parents=True)
+        import io
+
+        with tarfile.open(fileobj=io.BytesIO(blobs.get(rec.task_blob.digest))) as tar:
+            tar.extractall(dest, filter="data")
+    return dest
+
+
+def scratch_dir(home: Home) -> Path:
+    """A fresh directory under ``home/tmp`` (removed by the caller)."""
+    home.tmp.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="repro-", dir=home.tmp))
