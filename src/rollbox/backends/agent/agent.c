@@ -1,0 +1,386 @@
+/*
+ * rollbox-agent: the in-sandbox init and command runner of the namespace (and gVisor)
+ * backends. Static, tiny, no allocations on the hot path that matter.
+ *
+ * Modes:
+ *   rollbox-agent launch PROCS[,PROCS...] NETNS|- -- PROG ARGS...
+ *       fork (the parent exits at once), setsid, write our pid into each cgroup.procs
+ *       file, enter the network namespace NETNS if given, then exec PROG (used on the
+ *       host so bwrap and everything below it start inside the sandbox's cgroups).
+ *   rollbox-agent serve FD
+ *       PID 1 of the sandbox: accept connections on the listening unix socket FD; every
+ *       connection is one exec handled by a forked session process. Reaps orphans.
+ *
+ * Wire format (both directions): u8 type, u32 little-endian length, payload.
+ *   host -> agent  'E' exec request: u32 uid, gid, nofile, flags, argc, envc, then
+ *                      NUL-terminated cwd, argv[argc], env[envc]
+ *                  'G' go (the host has placed the child in its exec cgroup)
+ *                  'I' stdin data (empty payload: close stdin)
+ *                  'Q' ping
+ *   agent -> host  'P' u32 pid of the command inside the sandbox's pid namespace
+ *                  'O' stdout chunk   'R' stderr chunk
+ *                  'F' u8 stage ('C' chdir, 'U' user, 'E' exec), i32 errno
+ *                  'X' i32 exit code (128+N when killed by signal N)
+ *                  'A' pong
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sched.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define FLAG_STDIN 1u
+#define FLAG_USER 2u
+#define MAX_REQ (4u << 20)
+
+static int write_all(int fd, const void *buf, size_t len) {
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int read_all(int fd, void *buf, size_t len) {
+    char *p = buf;
+    while (len > 0) {
+        ssize_t n = read(fd, p, len);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (n == 0) return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int send_frame(int fd, char type, const void *data, uint32_t len) {
+    char hdr[5];
+    hdr[0] = type;
+    memcpy(hdr + 1, &len, 4);
+    if (write_all(fd, hdr, 5) < 0) return -1;
+    if (len && write_all(fd, data, len) < 0) return -1;
+    return 0;
+}
+
+/* Reads one frame; *data is malloc'd (caller frees). Returns type or -1. */
+static int recv_frame(int fd, char **data, uint32_t *len) {
+    char hdr[5];
+    if (read_all(fd, hdr, 5) < 0) return -1;
+    memcpy(len, hdr + 1, 4);
+    if (*len > MAX_REQ) return -1;
+    *data = malloc(*len + 1);
+    if (!*data) return -1;
+    if (*len && read_all(fd, *data, *len) < 0) {
+        free(*data);
+        return -1;
+    }
+    (*data)[*len] = 0;
+    return (unsigned char)hdr[0];
+}
+
+static void report_fail(int errfd, char stage, int err) {
+    char buf[5];
+    buf[0] = stage;
+    memcpy(buf + 1, &err, 4);
+    (void)write_all(errfd, buf, 5);
+}
+
+static void do_exec(char **argv, char **envp) {
+    const char *path = NULL;
+    for (char **e = envp; *e; e++)
+        if (strncmp(*e, "PATH=", 5) == 0) path = *e + 5;
+    if (!path) path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+    if (strchr(argv[0], '/')) {
+        execve(argv[0], argv, envp);
+        return;
+    }
+    int saved = ENOENT;
+    char buf[4096];
+    const char *p = path;
+    while (*p) {
+        const char *end = strchrnul(p, ':');
+        size_t dl = (size_t)(end - p);
+        if (dl == 0) { dl = 1; p = "."; }
+        if (dl + 1 + strlen(argv[0]) + 1 < sizeof buf) {
+            memcpy(buf, p, dl);
+            buf[dl] = '/';
+            strcpy(buf + dl + 1, argv[0]);
+            execve(buf, argv, envp);
+            if (errno == EACCES) saved = EACCES;
+            else if (errno != ENOENT && errno != ENOTDIR) saved = errno;
+        }
+        if (!*end) break;
+        p = end + 1;
+    }
+    errno = saved;
+}
+
+static volatile sig_atomic_t chld_fd = -1;
+static void on_chld(int sig) {
+    (void)sig;
+    int e = errno;
+    if (chld_fd >= 0) {
+        char c = 1;
+        (void)!write(chld_fd, &c, 1);
+    }
+    errno = e;
+}
+
+static uint32_t rd32(const char **p) {
+    uint32_t v;
+    memcpy(&v, *p, 4);
+    *p += 4;
+    return v;
+}
+
+static void session(int conn) {
+    char *req = NULL;
+    uint32_t len = 0;
+    int type = recv_frame(conn, &req, &len);
+    if (type == 'Q') {
+        send_frame(conn, 'A', NULL, 0);
+        _exit(0);
+    }
+    if (type != 'E' || len < 24) _exit(1);
+    const char *p = req, *end = req + len;
+    uint32_t uid = rd32(&p), gid = rd32(&p), nofile = rd32(&p), flags = rd32(&p);
+    uint32_t argc = rd32(&p), envc = rd32(&p);
+    if (argc == 0 || argc > 65536 || envc > 65536) _exit(1);
+    char **argv = calloc(argc + 1, sizeof(char *));
+    char **envp = calloc(envc + 1, sizeof(char *));
+    const char *cwd = p;
+    p += strnlen(p, (size_t)(end - p)) + 1;
+    for (uint32_t i = 0; i < argc && p < end; i++) {
+        argv[i] = (char *)p;
+        p += strnlen(p, (size_t)(end - p)) + 1;
+    }
+    for (uint32_t i = 0; i < envc && p < end; i++) {
+        envp[i] = (char *)p;
+        p += strnlen(p, (size_t)(end - p)) + 1;
+    }
+    if (p > end || !argv[argc - 1]) _exit(1);
+
+    int out[2], err[2], in[2] = {-1, -1}, go[2], ef[2], sc[2];
+    if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(go, O_CLOEXEC) ||
+        pipe2(ef, O_CLOEXEC) || pipe2(sc, O_CLOEXEC | O_NONBLOCK))
+        _exit(1);
+    if ((flags & FLAG_STDIN) && pipe2(in, O_CLOEXEC)) _exit(1);
+    chld_fd = sc[1];
+    struct sigaction sa = {0};
+    sa.sa_handler = on_chld;
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, NULL);
+
+    pid_t child = fork();
+    if (child < 0) _exit(1);
+    if (child == 0) {
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGCHLD, SIG_DFL);
+        signal(SIGPIPE, SIG_DFL);
+        setsid();
+        char c;
+        if (read(go[0], &c, 1) != 1) _exit(255);
+        int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        dup2(flags & FLAG_STDIN ? in[0] : nul, 0);
+        dup2(out[1], 1);
+        dup2(err[1], 2);
+        if (nofile) {
+            struct rlimit rl = {nofile, nofile};
+            setrlimit(RLIMIT_NOFILE, &rl);
+        }
+        if (flags & FLAG_USER) {
+            if (setgroups(0, NULL) || setgid(gid) || setuid(uid)) {
+                report_fail(ef[1], 'U', errno);
+                _exit(126);
+            }
+        }
+        if (cwd[0] && chdir(cwd)) {
+            report_fail(ef[1], 'C', errno);
+            _exit(127);
+        }
+        do_exec(argv, envp);
+        int e = errno;
+        report_fail(ef[1], 'E', e);
+        _exit(e == EACCES ? 126 : 127);
+    }
+    close(out[1]);
+    close(err[1]);
+    close(go[0]);
+    close(ef[1]);
+    if (in[0] >= 0) close(in[0]);
+    uint32_t cpid = (uint32_t)child;
+    if (send_frame(conn, 'P', &cpid, 4) < 0) { kill(child, SIGKILL); _exit(1); }
+    free(req);
+    char *msg = NULL;
+    type = recv_frame(conn, &msg, &len);
+    if (type != 'G') { kill(child, SIGKILL); _exit(1); }
+    free(msg);
+    if (write_all(go[1], "g", 1) < 0) _exit(1);
+    close(go[1]);
+
+    int out_open = 1, err_open = 1, conn_open = 1, exited = 0, status = 0;
+    char buf[65536];
+    for (;;) {
+        if (!exited) {
+            pid_t r = waitpid(child, &status, WNOHANG);
+            if (r == child) exited = 1;
+        }
+        if (exited) {
+            /* Drain whatever is already buffered; daemons may hold the pipes open. */
+            for (int k = 0; k < 2; k++) {
+                int fd = k == 0 ? out[0] : err[0];
+                if (k == 0 ? !out_open : !err_open) continue;
+                fcntl(fd, F_SETFL, O_NONBLOCK);
+                for (;;) {
+                    ssize_t n = read(fd, buf, sizeof buf);
+                    if (n <= 0) break;
+                    if (send_frame(conn, k == 0 ? 'O' : 'R', buf, (uint32_t)n) < 0) _exit(1);
+                }
+            }
+            break;
+        }
+        struct pollfd fds[4];
+        int nf = 0, io = -1, ie = -1, ic = -1;
+        fds[nf].fd = sc[0]; fds[nf].events = POLLIN; nf++;
+        if (out_open) { io = nf; fds[nf].fd = out[0]; fds[nf].events = POLLIN; nf++; }
+        if (err_open) { ie = nf; fds[nf].fd = err[0]; fds[nf].events = POLLIN; nf++; }
+        if (conn_open) { ic = nf; fds[nf].fd = conn; fds[nf].events = POLLIN; nf++; }
+        int pr = poll(fds, (nfds_t)nf, out_open || err_open ? -1 : 100);
+        if (pr < 0 && errno != EINTR) _exit(1);
+        if (pr <= 0) continue;
+        if (fds[0].revents) {
+            char d[64];
+            while (read(sc[0], d, sizeof d) > 0) {}
+        }
+        if (io >= 0 && fds[io].revents) {
+            ssize_t n = read(out[0], buf, sizeof buf);
+            if (n <= 0) { out_open = 0; close(out[0]); }
+            else if (send_frame(conn, 'O', buf, (uint32_t)n) < 0) _exit(1);
+        }
+        if (ie >= 0 && fds[ie].revents) {
+            ssize_t n = read(err[0], buf, sizeof buf);
+            if (n <= 0) { err_open = 0; close(err[0]); }
+            else if (send_frame(conn, 'R', buf, (uint32_t)n) < 0) _exit(1);
+        }
+        if (ic >= 0 && fds[ic].revents) {
+            char *d = NULL;
+            uint32_t dl = 0;
+            int t = recv_frame(conn, &d, &dl);
+            if (t < 0) {
+                /* Host went away: the command is killed by the host via its cgroup. */
+                conn_open = 0;
+                if (in[1] >= 0) { close(in[1]); in[1] = -1; }
+            } else if (t == 'I') {
+                if (dl == 0 && in[1] >= 0) { close(in[1]); in[1] = -1; }
+                else if (in[1] >= 0 && write_all(in[1], d, dl) < 0) { close(in[1]); in[1] = -1; }
+            }
+            free(d);
+        }
+    }
+    char fb[5];
+    if (read(ef[0], fb, 5) == 5) send_frame(conn, 'F', fb, 5);
+    int32_t code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    send_frame(conn, 'X', &code, 4);
+    _exit(0);
+}
+
+static int has_cap(int cap) {
+    /* CapPrm from /proc/self/status: the permitted set bwrap left us. */
+    static unsigned long long prm = 0;
+    static int loaded = 0;
+    if (!loaded) {
+        FILE *f = fopen("/proc/self/status", "r");
+        char line[256];
+        while (f && fgets(line, sizeof line, f))
+            if (strncmp(line, "CapPrm:", 7) == 0) prm = strtoull(line + 7, NULL, 16);
+        if (f) fclose(f);
+        loaded = 1;
+    }
+    return (prm >> cap) & 1;
+}
+
+static int serve(int lfd) {
+    signal(SIGPIPE, SIG_IGN);
+    /* Shrink the bounding set to what we were given, so nothing inside can regain more. */
+    for (int cap = 0; cap <= 63; cap++) {
+        if (prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1 && !has_cap(cap))
+            prctl(PR_CAPBSET_DROP, cap, 0, 0, 0);
+    }
+    /* As PID 1 we reap every orphan; SIGCHLD is left default and reaped in the loop. */
+    for (;;) {
+        while (waitpid(-1, NULL, WNOHANG) > 0) {}
+        struct pollfd pfd = {lfd, POLLIN, 0};
+        int pr = poll(&pfd, 1, 200);
+        if (pr <= 0) continue;
+        int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (c < 0) continue;
+        pid_t s = fork();
+        if (s == 0) {
+            close(lfd);
+            session(c);
+            _exit(0);
+        }
+        close(c);
+    }
+}
+
+static int launch(char *procs, const char *netns, char **argv) {
+    /* Detach: the caller waits for us only; the sandbox is re-parented to init so no
+     * process of the creator ever holds it as a zombie. */
+    pid_t f = fork();
+    if (f < 0) return 125;
+    if (f > 0) return 0;
+    setsid();
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%d", (int)getpid());
+    for (char *tok = strtok(procs, ","); tok; tok = strtok(NULL, ",")) {
+        int fd = open(tok, O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || write_all(fd, pid, (size_t)n) < 0) {
+            fprintf(stderr, "rollbox-agent: cannot join cgroup %s: %s\n", tok, strerror(errno));
+            _exit(125);
+        }
+        close(fd);
+    }
+    if (strcmp(netns, "-") != 0) {
+        int fd = open(netns, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || setns(fd, CLONE_NEWNET) < 0) {
+            fprintf(stderr, "rollbox-agent: cannot enter netns %s: %s\n", netns, strerror(errno));
+            _exit(125);
+        }
+        close(fd);
+    }
+    execvp(argv[0], argv);
+    fprintf(stderr, "rollbox-agent: exec %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 3 && strcmp(argv[1], "serve") == 0) return serve(atoi(argv[2]));
+    if (argc >= 6 && strcmp(argv[1], "launch") == 0 && strcmp(argv[4], "--") == 0)
+        return launch(argv[2], argv[3], argv + 5);
+    fprintf(stderr, "usage: rollbox-agent serve FD | launch PROCS NETNS|- -- PROG ARGS...\n");
+    return 2;
+}

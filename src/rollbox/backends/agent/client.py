@@ -1,0 +1,128 @@
+"""Host side of the agent protocol: one unix-socket connection per exec."""
+
+from __future__ import annotations
+
+import asyncio
+import errno as errno_mod
+import os
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollbox.backends.agent import protocol as p
+from rollbox.backends.agent.protocol import ExecRequest
+from rollbox.errors import SandboxCrashedError
+
+__all__ = ["AgentClient", "AgentExit", "ExecRequest"]
+
+ByteSink = Callable[[bytes], None]
+
+
+@dataclass
+class AgentExit:
+    """How a command ended, as the agent saw it."""
+
+    exit_code: int
+    """Exit status, ``128+N`` when killed by signal N."""
+    fail_stage: str | None = None
+    """``chdir``, ``user`` or ``exec`` when the command could not be started."""
+    fail_errno: int = 0
+    """The errno of that failure."""
+
+    def fail_message(self) -> str:
+        """Human-readable reason the command did not start (empty if it did)."""
+        if self.fail_stage is None:
+            return ""
+        return f"{self.fail_stage}: {os.strerror(self.fail_errno)}"
+
+    @property
+    def fail_errno_name(self) -> str:
+        """Symbolic errno, e.g. ``ENOENT``."""
+        return errno_mod.errorcode.get(self.fail_errno, str(self.fail_errno))
+
+
+class AgentClient:
+    """Talks to one sandbox's agent over ``socket_path``."""
+
+    def __init__(self, socket_path: Path) -> None:
+        self.socket_path = socket_path
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        try:
+            return await asyncio.open_unix_connection(str(self.socket_path), limit=1 << 20)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise SandboxCrashedError(
+                f"the sandbox agent at {self.socket_path} is not reachable: {exc.strerror}"
+            ) from None
+
+    async def ping(self, timeout: float = 2.0) -> bool:
+        """True when the agent answers within ``timeout`` seconds."""
+        try:
+            reader, writer = await asyncio.wait_for(self._connect(), timeout)
+        except (SandboxCrashedError, TimeoutError, OSError):
+            return False
+        try:
+            writer.write(p.frame(p.PING))
+            kind, _ = await asyncio.wait_for(_read_frame(reader), timeout)
+            return kind == p.PONG
+        except (TimeoutError, OSError, asyncio.IncompleteReadError):
+            return False
+        finally:
+            writer.close()
+
+    async def exec(
+        self,
+        req: ExecRequest,
+        *,
+        on_pid: Callable[[int], Awaitable[None]],
+        on_stdout: ByteSink,
+        on_stderr: ByteSink,
+    ) -> AgentExit:
+        """Run ``req``; ``on_pid`` gets the command's pid (inside the sandbox's pid
+        namespace) before it is allowed to start, so the caller can place it in a cgroup.
+
+        Raises:
+            SandboxCrashedError: the agent is unreachable or the connection broke.
+        """
+        reader, writer = await self._connect()
+        try:
+            writer.write(p.encode_exec(req))
+            kind, payload = await _read_frame(reader)
+            if kind != p.PID:
+                raise SandboxCrashedError(f"sandbox agent answered {kind!r} instead of a pid")
+            await on_pid(struct.unpack("<I", payload)[0])
+            out = [p.frame(p.GO)]
+            if req.stdin is not None:
+                data = req.stdin
+                for i in range(0, len(data), 1 << 16):
+                    out.append(p.frame(p.STDIN, data[i : i + (1 << 16)]))
+                out.append(p.frame(p.STDIN))
+            writer.write(b"".join(out))
+            fail_stage: str | None = None
+            fail_errno = 0
+            while True:
+                kind, payload = await _read_frame(reader)
+                if kind == p.STDOUT:
+                    on_stdout(payload)
+                elif kind == p.STDERR:
+                    on_stderr(payload)
+                elif kind == p.FAIL:
+                    fail_stage = p.FAIL_STAGES.get(payload[:1], "exec")
+                    fail_errno = struct.unpack("<i", payload[1:5])[0]
+                elif kind == p.EXIT:
+                    code = struct.unpack("<i", payload)[0]
+                    return AgentExit(code, fail_stage, fail_errno)
+        except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError):
+            raise SandboxCrashedError(
+                "the sandbox agent connection broke (sandbox died?)"
+            ) from None
+        finally:
+            writer.close()
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    header = await reader.readexactly(p.HEADER.size)
+    kind, length = p.HEADER.unpack(header)
+    payload = await reader.readexactly(length) if length else b""
+    return kind, payload

@@ -1,0 +1,88 @@
+"""Wire format shared with ``agent.c``: ``u8 type, u32 LE length, payload``."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+HEADER = struct.Struct("<cI")
+
+# host -> agent
+EXEC = b"E"
+GO = b"G"
+STDIN = b"I"
+PING = b"Q"
+# agent -> host
+PID = b"P"
+STDOUT = b"O"
+STDERR = b"R"
+FAIL = b"F"
+EXIT = b"X"
+PONG = b"A"
+
+FLAG_STDIN = 1
+FLAG_USER = 2
+
+FAIL_STAGES = {b"C": "chdir", b"U": "user", b"E": "exec"}
+
+
+@dataclass
+class ExecRequest:
+    """One command for the agent to run."""
+
+    argv: list[str]
+    """Program and arguments (the program is searched in ``PATH`` of ``env``)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """The command's complete environment."""
+    cwd: str = ""
+    """Working directory inside (empty: the agent's, ``/``)."""
+    uid: int | None = None
+    """Switch to this uid (and ``gid``) before exec; ``None`` keeps root."""
+    gid: int = 0
+    """Group id used with ``uid``."""
+    nofile: int = 0
+    """RLIMIT_NOFILE for the command; 0 leaves it."""
+    stdin: bytes | None = None
+    """Bytes fed to stdin, then closed; ``None`` connects /dev/null."""
+
+
+def frame(kind: bytes, payload: bytes = b"") -> bytes:
+    """One encoded frame."""
+    return HEADER.pack(kind, len(payload)) + payload
+
+
+def _cstr(text: str, what: str) -> bytes:
+    raw = text.encode()
+    if b"\0" in raw:
+        raise ValueError(f"{what} contains a NUL byte")
+    return raw + b"\0"
+
+
+def encode_exec(req: ExecRequest) -> bytes:
+    """The ``E`` frame for ``req``.
+
+    Raises:
+        ValueError: an argument or variable contains a NUL byte, or argv is empty.
+    """
+    if not req.argv:
+        raise ValueError("empty command")
+    flags = (FLAG_STDIN if req.stdin is not None else 0) | (FLAG_USER if req.uid is not None else 0)
+    env_items = [f"{k}={v}" for k, v in req.env.items()]
+    for k in req.env:
+        if not k or "=" in k:
+            raise ValueError(f"bad environment variable name {k!r}")
+    body = [
+        struct.pack(
+            "<6I",
+            req.uid or 0,
+            req.gid,
+            req.nofile,
+            flags,
+            len(req.argv),
+            len(env_items),
+        ),
+        _cstr(req.cwd, "cwd"),
+        *(_cstr(a, "argument") for a in req.argv),
+        *(_cstr(e, "environment") for e in env_items),
+    ]
+    return frame(EXEC, b"".join(body))

@@ -1,0 +1,700 @@
+"""The ``namespace`` backend: bubblewrap + cgroup v1 + seccomp + the rollbox agent.
+
+A sandbox is::
+
+    rollbox-agent launch  (host, exits at once; its child joins the cgroups, setsid)
+      └─ bwrap            (host pid ns, inside the sandbox's cgroups)
+           └─ rollbox-agent serve   (PID 1 of new pid/mount/net/ipc/uts/cgroup namespaces,
+                                     seccomp filter, docker-like capability set)
+                └─ one session process per exec ─ the command (own per-exec freezer/pids
+                                                   cgroup, moved there before it starts)
+
+The root is an overlay of the baseline's layers with an upper dir on a tmpfs of
+``disk_mb`` (:mod:`rollbox.backends.common.rootfs`). The agent's listening socket is made
+by the host and inherited, so nothing inside can replace it and the host may connect before
+the agent runs. Why bwrap and not runc: see ``docs/sandboxes.md`` (DESIGN notes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rollbox.backends.agent.build import agent_binary
+from rollbox.backends.agent.client import AgentClient
+from rollbox.backends.agent.protocol import ExecRequest
+from rollbox.backends.base import Backend, OutputCallback, SandboxHandle
+from rollbox.backends.common.cgroups import Cgroup, remove_orphan_cgroups
+from rollbox.backends.common.rootfs import Rootfs, remove_orphan_mounts, remove_sandbox_dir
+from rollbox.backends.namespace.capture import StreamCapture
+from rollbox.backends.namespace.files import RootFiles
+from rollbox.backends.namespace.seccomp import filter_file
+from rollbox.backends.state import (
+    expired,
+    list_states,
+    owner_fields,
+    owner_gone,
+    read_state,
+    sandbox_dir,
+    write_state,
+)
+from rollbox.config import Home
+from rollbox.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ExecTimeoutError,
+    InvalidInputError,
+    RollboxError,
+    SandboxCrashedError,
+    SandboxNotFoundError,
+    SandboxStateError,
+)
+from rollbox.ids import new_id
+from rollbox.models import BaselineInfo, Capabilities, ExecResult, SandboxInfo, SandboxSpec, utcnow
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+AGENT_IN_SANDBOX = "/run/rollbox/agent"
+RUN_TMPFS_BYTES = 16 << 20
+# Docker's default capability set without CAP_MKNOD (no device nodes in the rootfs, so the
+# host never opens a device through a sandbox path).
+CAPS = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+]
+
+
+def _network_module() -> Any:
+    """B2's allow-list networking, or ``None`` when it is not available."""
+    try:
+        from rollbox.backends.common import network
+    except ImportError:
+        return None
+    return network
+
+
+def _tool_version(argv: list[str]) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+
+
+class NamespaceBackend(Backend):
+    """Linux namespaces via bubblewrap, cgroup v1 limits, seccomp, dropped capabilities."""
+
+    name: ClassVar[str] = "namespace"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        snapshot=True,
+        memory_snapshot=False,
+        fork=True,
+        pause=True,
+        network_modes=["none", "loopback", "allow"],
+        users=True,
+    )
+
+    def __init__(self, home: Home) -> None:
+        super().__init__(home)
+        self.detach = False
+        """When True, created sandboxes have no owner process (CLI ``sandbox create``)."""
+        self._agent: Path | None = None
+        self._seccomp: Path | None = None
+        self._bwrap: str | None = None
+
+    # ------------------------------------------------------------------ backend-wide
+
+    def version(self) -> str:
+        """``bubblewrap <version>``."""
+        return _tool_version(["bwrap", "--version"]) or "bubblewrap"
+
+    def prepare(self) -> None:
+        """Check bwrap, root, cgroup v1 and build the agent and seccomp filter (cached)."""
+        if self._agent is not None:
+            return
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            raise BackendUnavailableError(
+                "bubblewrap (bwrap) is not installed", hint="apt-get install bubblewrap"
+            )
+        if os.geteuid() != 0:
+            raise BackendUnavailableError(
+                "the namespace backend needs root (cgroups, overlay mounts)",
+                hint="run as root",
+            )
+        if not Path("/sys/fs/cgroup/freezer/cgroup.procs").exists():
+            raise BackendUnavailableError("cgroup v1 freezer controller is not mounted")
+        self.home.ensure()
+        self._agent = agent_binary(self.home)
+        self._seccomp = filter_file(self.home.root / "bin")
+        self._bwrap = bwrap
+
+    def check(self, spec: SandboxSpec) -> None:
+        """Preflight: network mode, limits and the allow-list before anything starts."""
+        super().check(spec)
+        from rollbox.backends.common.cgroups import check_limits
+
+        check_limits(spec.limits)
+        if spec.network.mode == "allow" and _network_module() is None:
+            raise BackendUnavailableError("allow-list networking is not available here")
+        if not spec.hostname or len(spec.hostname) > 63 or "/" in spec.hostname:
+            raise InvalidInputError(f"bad hostname {spec.hostname!r}")
+
+    # ------------------------------------------------------------------ sandboxes
+
+    async def create(self, spec: SandboxSpec, baseline: BaselineInfo) -> NamespaceSandbox:
+        """Create and start a sandbox; see :meth:`Backend.create`."""
+        return await asyncio.to_thread(self._create_sync, spec, baseline, None)
+
+    def _create_sync(
+        self, spec: SandboxSpec, baseline: BaselineInfo, upper_from: Path | None
+    ) -> NamespaceSandbox:
+        from rollbox.baselines.store import BaselineStore
+
+        self.check(spec)
+        self.prepare()
+        assert self._agent is not None and self._seccomp is not None and self._bwrap is not None
+        sid = new_id("sbx")
+        sdir = sandbox_dir(self.home, sid)
+        now = utcnow()
+        owner_pid, extra = owner_fields(self.detach)
+        info = SandboxInfo(
+            id=sid,
+            backend=self.name,
+            backend_version=self.version_cached(),
+            baseline=baseline.digest,
+            spec=spec.model_copy(update={"baseline": baseline.digest}),
+            state="creating",
+            created_at=now,
+            expires_at=now + timedelta(seconds=spec.ttl_s) if spec.ttl_s else None,
+            owner_pid=owner_pid,
+            extra={
+                **extra,
+                "image_env": list(baseline.config.env),
+                "image_workdir": baseline.config.workdir or "/",
+                "image_user": baseline.config.user,
+            },
+        )
+        self.home.sandboxes.mkdir(parents=True, exist_ok=True)
+        sdir.mkdir()
+        (sdir / "run").mkdir(mode=0o700)
+        write_state(self.home, info)
+        lsock: socket.socket | None = None
+        try:
+            layers = BaselineStore(self.home).layer_dirs(baseline.digest)
+            Rootfs.mount(sdir, layers, spec.limits.disk_mb, upper_from=upper_from)
+            cg = Cgroup.create(self.home.tag, sid, spec.limits)
+            netns = "-"
+            if spec.network.mode == "allow":
+                net = _network_module().setup_network(self.home.tag, sid, spec.network)
+                info.extra["net"] = net.to_dict()
+                netns = str(net.netns_path)
+            sock_path = sdir / "run" / "agent.sock"
+            lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            lsock.bind(str(sock_path))
+            lsock.listen(64)
+            self._launch(sdir, spec, cg, netns, lsock.fileno())
+            lsock.close()
+            lsock = None
+            info.state = "running"
+            write_state(self.home, info)
+            handle = NamespaceSandbox(self, info)
+            if not _ping_sync(sock_path):
+                log = (sdir / "sandbox.log").read_text(errors="replace").strip()[-500:]
+                raise BackendError(f"sandbox {sid} did not start: {log or 'no output'}")
+            if info.expires_at is not None:
+                from rollbox.backends.reaper import ensure_reaper
+
+                ensure_reaper(self.home)
+            return handle
+        except BaseException:
+            if lsock is not None:
+                lsock.close()
+            self._teardown(info)
+            raise
+
+    def version_cached(self) -> str:
+        """The tool version, computed once per backend instance."""
+        v = getattr(self, "_version", None)
+        if v is None:
+            v = self.version()
+            self._version = v
+        return v
+
+    def _launch(self, sdir: Path, spec: SandboxSpec, cg: Cgroup, netns: str, lfd: int) -> None:
+        assert self._agent is not None and self._seccomp is not None and self._bwrap is not None
+        procs = ",".join(str(p / "cgroup.procs") for p in cg.paths.values())
+        seccomp_fd = os.open(self._seccomp, os.O_RDONLY)
+        argv = [str(self._agent), "launch", procs, netns, "--", self._bwrap]
+        argv += ["--bind", str(sdir / "rootfs"), "/", "--dev", "/dev", "--proc", "/proc"]
+        argv += ["--perms", "0755", "--size", str(RUN_TMPFS_BYTES), "--tmpfs", "/run"]
+        argv += ["--ro-bind", str(self._agent), AGENT_IN_SANDBOX]
+        argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        if netns == "-":
+            argv.append("--unshare-net")
+        argv += ["--hostname", spec.hostname, "--as-pid-1", "--new-session", "--chdir", "/"]
+        argv += ["--cap-drop", "ALL"]
+        for cap in CAPS:
+            argv += ["--cap-add", cap]
+        argv += ["--seccomp", str(seccomp_fd), AGENT_IN_SANDBOX, "serve", str(lfd)]
+        try:
+            with open(sdir / "sandbox.log", "wb") as log:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    pass_fds=(lfd, seccomp_fd),
+                    env={"PATH": DEFAULT_PATH},
+                )
+                rc = proc.wait()
+        finally:
+            os.close(seccomp_fd)
+        if rc != 0:
+            raise BackendError(f"launching the sandbox failed (exit {rc})")
+
+    async def attach(self, sandbox_id: str) -> NamespaceSandbox:
+        """Re-attach to a live sandbox of this home."""
+        info = read_state(self.home, sandbox_id)
+        if info.backend != self.name:
+            raise SandboxNotFoundError(f"sandbox {sandbox_id} belongs to backend {info.backend}")
+        if info.state == "destroyed":
+            raise SandboxNotFoundError(f"sandbox {sandbox_id} was destroyed")
+        return NamespaceSandbox(self, info)
+
+    def list_sandboxes(self) -> list[SandboxInfo]:
+        """Sandboxes of this backend in this home."""
+        return list_states(self.home, self.name)
+
+    def destroy_by_id(self, sandbox_id: str) -> None:
+        """Destroy a sandbox of this home by id (idempotent)."""
+        try:
+            info = read_state(self.home, sandbox_id)
+        except SandboxNotFoundError:
+            info = None
+        if info is None:
+            self._teardown_names(sandbox_id, None)
+        else:
+            self._teardown(info)
+
+    def _teardown(self, info: SandboxInfo) -> None:
+        net = info.extra.get("net")
+        self._teardown_names(info.id, net if isinstance(net, dict) else None)
+
+    def _teardown_names(self, sandbox_id: str, net: dict[str, object] | None) -> None:
+        errors: list[str] = []
+        cg = Cgroup.open(self.home.tag, sandbox_id)
+        try:
+            cg.destroy()
+        except (OSError, RollboxError) as exc:
+            errors.append(f"cgroup: {exc}")
+        if net is not None:
+            netmod = _network_module()
+            if netmod is not None:
+                try:
+                    netmod.teardown_network(netmod.NetSetup.from_dict(net))
+                except (OSError, RollboxError) as exc:
+                    errors.append(f"network: {exc}")
+        try:
+            remove_sandbox_dir(sandbox_dir(self.home, sandbox_id))
+        except (OSError, RollboxError) as exc:
+            errors.append(f"dir: {exc}")
+        if errors:
+            raise BackendError(f"destroying {sandbox_id} left resources: {'; '.join(errors)}")
+
+    def cleanup_orphans(self, *, dry_run: bool = False) -> list[str]:
+        """Destroy sandboxes whose owner died, whose TTL passed or that crashed, then
+        remove tagged host resources that belong to no live sandbox."""
+        lines: list[str] = []
+        live: set[str] = set()
+        for info in self.list_sandboxes():
+            reason = self._dead_reason(info)
+            if reason is None:
+                live.add(info.id)
+                continue
+            lines.append(f"sandbox {info.id} ({reason})")
+            if not dry_run:
+                with contextlib.suppress(BackendError):
+                    self._teardown(info)
+        # Everything below is tagged with this home; keep what live sandboxes of *any*
+        # backend of this home use (gVisor shares the cgroup and mount naming).
+        live |= {i.id for i in list_states(self.home) if i.backend != self.name}
+        lines += remove_orphan_cgroups(self.home.tag, live, dry_run)
+        netmod = _network_module()
+        if netmod is not None:
+            lines += netmod.remove_orphan_networks(self.home.tag, live, dry_run)
+        lines += remove_orphan_mounts(self.home, live, dry_run)
+        return lines
+
+    def _dead_reason(self, info: SandboxInfo) -> str | None:
+        if info.state == "destroyed":
+            return "destroyed"
+        if expired(info):
+            return "ttl expired"
+        if owner_gone(info):
+            return f"owner pid {info.owner_pid} is gone"
+        if info.state == "creating":
+            # A creator that died mid-create is caught by owner_gone; a detached one is
+            # given a minute.
+            age = (utcnow() - info.created_at).total_seconds()
+            return "never finished starting" if age > 60 else None
+        if (
+            not Cgroup.open(self.home.tag, info.id).exists()
+            or not (sandbox_dir(self.home, info.id) / "rootfs").is_dir()
+        ):
+            return "crashed"
+        cg = Cgroup.open(self.home.tag, info.id)
+        if not cg.pids():
+            return "crashed (no processes)"
+        return None
+
+
+def _ping_sync(path: Path, timeout: float = 10.0) -> bool:
+    """Ping the agent with a blocking socket (used from worker threads)."""
+    from rollbox.backends.agent import protocol as p
+
+    deadline = time.monotonic() + timeout
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(str(path))
+            s.sendall(p.frame(p.PING))
+            data = b""
+            while len(data) < p.HEADER.size and time.monotonic() < deadline:
+                chunk = s.recv(64)
+                if not chunk:
+                    return False
+                data += chunk
+            return data[:1] == p.PONG
+        except OSError:
+            return False
+
+
+class NamespaceSandbox(SandboxHandle):
+    """One live ``namespace`` sandbox."""
+
+    def __init__(self, backend: NamespaceBackend, info: SandboxInfo) -> None:
+        self.backend = backend
+        self.home = backend.home
+        self._info = info
+        self.dir = sandbox_dir(self.home, info.id)
+        self.cgroup = Cgroup.open(self.home.tag, info.id)
+        self.rootfs = Rootfs.open(self.dir)
+        self.files = RootFiles(self.rootfs.root)
+        self.client = AgentClient(self.dir / "run" / "agent.sock")
+        self._exec_seq = 0
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The sandbox's state record."""
+        return self._info
+
+    def _refresh(self) -> SandboxInfo:
+        try:
+            self._info = read_state(self.home, self.id)
+        except SandboxNotFoundError:
+            self._info = self._info.model_copy(update={"state": "destroyed"})
+        return self._info
+
+    def _require_running(self) -> None:
+        state = self._refresh().state
+        if state == "destroyed":
+            raise SandboxStateError(f"sandbox {self.id} is destroyed")
+        if state == "paused":
+            raise SandboxStateError(f"sandbox {self.id} is paused", hint="resume it first")
+        if state != "running":
+            raise SandboxStateError(f"sandbox {self.id} is {state}")
+
+    def _require_live(self) -> None:
+        if self._refresh().state == "destroyed":
+            raise SandboxStateError(f"sandbox {self.id} is destroyed")
+
+    # ------------------------------------------------------------------ exec
+
+    def _resolve_user(self, user: str | None) -> tuple[int | None, int, str]:
+        """(uid or None for root-as-is, gid, home directory) of ``user`` inside."""
+        if user is None or user in ("", "root", "0", "0:0"):
+            return None, 0, "/root"
+        name, _, group = user.partition(":")
+        passwd: list[list[str]] = []
+        with contextlib.suppress(RollboxError, OSError):
+            text = self.files.read("/etc/passwd").decode(errors="replace")
+            passwd = [line.split(":") for line in text.splitlines() if line.count(":") >= 6]
+        uid: int | None = None
+        gid = -1
+        homedir = "/"
+        for entry in passwd:
+            if entry[0] == name or (name.isdigit() and entry[2] == name):
+                uid, gid, homedir = int(entry[2]), int(entry[3]), entry[5] or "/"
+                break
+        if uid is None:
+            if not name.isdigit():
+                raise InvalidInputError(
+                    f"no user {name!r} in the sandbox's /etc/passwd", hint="use a numeric uid"
+                )
+            uid = int(name)
+            gid = uid
+        if group:
+            if not group.isdigit():
+                raise InvalidInputError(f"group must be numeric in user {user!r}")
+            gid = int(group)
+        return uid, gid, homedir
+
+    def _base_env(self, homedir: str) -> dict[str, str]:
+        env = {"PATH": DEFAULT_PATH, "HOME": homedir, "HOSTNAME": self.info.spec.hostname}
+        image_env = self.info.extra.get("image_env")
+        if isinstance(image_env, list):
+            for item in image_env:
+                k, sep, v = str(item).partition("=")
+                if sep:
+                    env[k] = v
+        env.update(self.info.spec.env)
+        return env
+
+    async def exec(
+        self,
+        cmd: list[str] | str,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        secrets: dict[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+        user: str | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> ExecResult:
+        """Run a command inside; see :meth:`SandboxHandle.exec`."""
+        self._require_running()
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        if not argv:
+            raise InvalidInputError("empty command")
+        if timeout is not None and timeout <= 0:
+            raise InvalidInputError("timeout must be > 0")
+        spec = self.info.spec
+        default_user = (
+            spec.user if spec.user is not None else str(self.info.extra.get("image_user") or "")
+        )
+        uid, gid, homedir = self._resolve_user(user if user is not None else default_user)
+        full_env = self._base_env(homedir)
+        full_env.update(env or {})
+        full_env.update(secrets or {})
+        req = ExecRequest(
+            argv=argv,
+            env=full_env,
+            cwd=cwd or spec.workdir or str(self.info.extra.get("image_workdir") or "/"),
+            uid=uid,
+            gid=gid,
+            nofile=spec.limits.nofile or 0,
+            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+        )
+        secret_values = [v for v in (secrets or {}).values() if v]
+        cap = spec.limits.output_bytes
+        out = StreamCapture(cap, secret_values, on_stdout)
+        err = StreamCapture(cap, secret_values, on_stderr)
+        self._exec_seq += 1
+        xname = f"x{os.getpid()}-{self._exec_seq}-{time.monotonic_ns() % 1000000}"
+        xcg = Cgroup(
+            f"{self.cgroup.name}/{xname}",
+            {c: self.cgroup.paths[c] / xname for c in ("pids", "freezer")},
+        )
+        for path in xcg.paths.values():
+            path.mkdir()
+        oom_before = self.cgroup.oom_kills()
+        started = time.monotonic()
+
+        async def on_pid(nspid: int) -> None:
+            host_pid = self._host_pid(nspid)
+            xcg.add(host_pid)
+
+        try:
+            try:
+                agent_exit = await asyncio.wait_for(
+                    self.client.exec(req, on_pid=on_pid, on_stdout=out.feed, on_stderr=err.feed),
+                    timeout,
+                )
+            except TimeoutError:
+                await asyncio.to_thread(xcg.kill_all)
+                raise ExecTimeoutError(
+                    f"command timed out after {timeout:g}s (its process tree was killed)",
+                    stdout=out.finish(),
+                    stderr=err.finish(),
+                    timeout=timeout,
+                ) from None
+            except ValueError as exc:
+                raise InvalidInputError(f"bad command: {exc}") from None
+        finally:
+            with contextlib.suppress(OSError):
+                if not xcg.pids():
+                    for path in xcg.paths.values():
+                        path.rmdir()
+        duration = time.monotonic() - started
+        if agent_exit.fail_stage == "chdir":
+            raise InvalidInputError(
+                f"working directory {req.cwd!r} in the sandbox: {agent_exit.fail_message()}"
+            )
+        if agent_exit.fail_stage == "user":
+            raise InvalidInputError(f"cannot switch to user {user!r}: {agent_exit.fail_message()}")
+        if agent_exit.fail_stage == "exec":
+            err.feed(f"rollbox: {argv[0]}: {agent_exit.fail_message()}\n".encode())
+        oom = self.cgroup.oom_kills() > oom_before
+        if not self.cgroup.exists():
+            raise SandboxCrashedError(f"sandbox {self.id} died during the command")
+        return ExecResult(
+            exit_code=agent_exit.exit_code,
+            stdout=out.finish(),
+            stderr=err.finish(),
+            duration_s=duration,
+            oom_killed=oom,
+            truncated=out.truncated or err.truncated,
+        )
+
+    def _host_pid(self, nspid: int) -> int:
+        """The host pid of ``nspid`` (a pid in the sandbox's pid namespace), found among
+        the processes of the sandbox's own top-level cgroup."""
+        procs = (self.cgroup.paths["pids"] / "cgroup.procs").read_text().split()
+        for pid in procs:
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    for line in f:
+                        if line.startswith("NSpid:"):
+                            ids = line.split()[1:]
+                            if len(ids) > 1 and int(ids[-1]) == nspid:
+                                return int(pid)
+                            break
+            except FileNotFoundError:
+                continue
+        raise SandboxCrashedError(f"sandbox {self.id}: the new command's process vanished")
+
+    # ------------------------------------------------------------------ files
+
+    async def read_file(self, path: str) -> bytes:
+        """Read a file inside (resolved safely below the root)."""
+        self._require_live()
+        return await asyncio.to_thread(self.files.read, path)
+
+    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+        """Write a file inside (parents made; resolved safely below the root)."""
+        self._require_live()
+        raw = data.encode() if isinstance(data, str) else data
+        await asyncio.to_thread(self.files.write, path, raw, mode)
+
+    async def upload(self, src: Path, dest: str) -> None:
+        """Copy a host file or tree into the sandbox."""
+        self._require_live()
+        await asyncio.to_thread(self.files.upload, src, dest)
+
+    async def download(self, src: str, dest: Path) -> None:
+        """Copy a file or tree out of the sandbox."""
+        self._require_live()
+        await asyncio.to_thread(self.files.download, src, dest)
+
+    # ------------------------------------------------------------------ snapshot / fork
+
+    async def snapshot(self, *, memory: bool = False, name: str | None = None) -> str:
+        """The current filesystem changes as a new baseline (parent recorded)."""
+        from rollbox.errors import CapabilityError
+
+        if memory:
+            raise CapabilityError(
+                "the namespace backend has no memory snapshots", hint="use backend microvm"
+            )
+        self._require_live()
+        return await asyncio.to_thread(self._snapshot_sync, name)
+
+    def _snapshot_sync(self, name: str | None) -> str:
+        from rollbox.baselines.store import BaselineStore
+        from rollbox.models import SnapshotSource
+
+        with self._frozen():
+            info = BaselineStore(self.home).commit_snapshot(
+                self.info.baseline,
+                self.rootfs.upper,
+                SnapshotSource(sandbox_id=self.id, backend=self.backend.name),
+                name=name,
+            )
+        return info.digest
+
+    @contextlib.contextmanager
+    def _frozen(self) -> Any:
+        was_frozen = self.cgroup.is_frozen()
+        if not was_frozen:
+            self.cgroup.freeze()
+        try:
+            yield
+        finally:
+            if not was_frozen:
+                self.cgroup.thaw()
+
+    async def fork(self, n: int) -> list[SandboxHandle]:
+        """``n`` independent sandboxes seeded with a copy of this one's changes."""
+        if n < 1:
+            raise InvalidInputError("fork needs n >= 1")
+        self._require_live()
+        return await asyncio.to_thread(self._fork_sync, n)
+
+    def _fork_sync(self, n: int) -> list[SandboxHandle]:
+        from rollbox.baselines.store import BaselineStore
+
+        baseline = BaselineStore(self.home).resolve(self.info.baseline)
+        spec = self.info.spec.model_copy()
+        out: list[SandboxHandle] = []
+        try:
+            with self._frozen():
+                for _ in range(n):
+                    out.append(self.backend._create_sync(spec, baseline, self.rootfs.upper))
+        except BaseException:
+            for h in out:
+                assert isinstance(h, NamespaceSandbox)
+                with contextlib.suppress(RollboxError):
+                    self.backend._teardown(h.info)
+            raise
+        return out
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def pause(self) -> None:
+        """Freeze every process inside."""
+        self._require_running()
+        await asyncio.to_thread(self.cgroup.freeze)
+        self._set_state("paused")
+
+    async def resume(self) -> None:
+        """Thaw a paused sandbox."""
+        state = self._refresh().state
+        if state == "destroyed":
+            raise SandboxStateError(f"sandbox {self.id} is destroyed")
+        await asyncio.to_thread(self.cgroup.thaw)
+        self._set_state("running")
+
+    def _set_state(self, state: str) -> None:
+        info = self._refresh().model_copy(update={"state": state})
+        write_state(self.home, info)
+        self._info = info
+
+    async def destroy(self) -> None:
+        """Kill everything inside and remove every host resource (idempotent)."""
+        await asyncio.to_thread(self.destroy_sync)
+
+    def destroy_sync(self) -> None:
+        """Blocking :meth:`destroy`."""
+        self.backend._teardown(self._info)
+        self._info = self._info.model_copy(update={"state": "destroyed"})
