@@ -1,0 +1,256 @@
+"""``rollbox run`` (tasks × attempts in fresh sandboxes) and ``rollbox repro`` (re-run a run).
+
+::
+
+    rollbox run examples/tasks/* --agent oracle --attempts 4 --concurrency 4
+    rollbox run --resume run-01j...          # finish what a killed run left
+    rollbox repro run-01j...                 # same baselines, tasks, agents, seeds: compare
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rollbox.cli.output import JSON_OPTION, console, emit, err_console, fail
+from rollbox.config import Home
+from rollbox.models import RolloutRecord, RunRecord
+
+_TERMINAL = ("done", "failed", "infra_error", "interrupted")
+
+
+class _Live:
+    """A rich progress bar with live counts (on stderr; nothing in ``--json`` mode)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.counts: Counter[str] = Counter()
+        self.running: set[str] = set()
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[counts]}"),
+            TimeElapsedColumn(),
+            console=err_console,
+            disable=not enabled,
+            transient=False,
+        )
+        self.task_id: Any = None
+
+    def start(self, run: RunRecord, total: int) -> None:
+        if self.enabled:
+            self.progress.start()
+        self.task_id = self.progress.add_task(run.id, total=total, counts="")
+
+    def update(self, rec: RolloutRecord) -> None:
+        if rec.status in _TERMINAL:
+            self.running.discard(rec.id)
+            key: str = rec.status
+            if rec.status == "done":
+                key = "passed" if rec.verifier and rec.verifier.passed else "not passed"
+            self.counts[key] += 1
+            # An infra error is usually retried: the slot is not finished yet.
+            advance = 0 if rec.status == "infra_error" else 1
+        else:
+            self.running.add(rec.id)
+            advance = 0
+        text = " ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
+        text += f" running={len(self.running)}"
+        if self.task_id is not None:
+            self.progress.update(self.task_id, advance=advance, counts=text)
+
+    def stop(self) -> None:
+        if self.enabled:
+            self.progress.stop()
+
+
+def _stores(db: str | None) -> tuple[Home, Any, Any]:
+    from rollbox.store.blobs import BlobStore
+    from rollbox.store.metadata import MetaStore
+
+    home = Home.from_env().ensure()
+    return home, MetaStore(db, home=home), BlobStore(home)
+
+
+async def _with_sigterm(coro: Any) -> Any:
+    """Run ``coro``; SIGTERM cancels it like Ctrl-C does (clean teardown)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    try:
+        if task is not None:
+            loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    except (NotImplementedError, RuntimeError):
+        pass
+    try:
+        return await coro
+    finally:
+        try:
+            loop.remove_signal_handler(signal.SIGTERM)
+        except (NotImplementedError, RuntimeError):
+            pass
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``run`` and ``repro`` to the top-level app."""
+
+    @app.command("run")
+    def run_cmd(
+        task_dirs: list[Path] = typer.Argument(None, help="Harbor task directories."),
+        agent: str = typer.Option(
+            "oracle", "--agent", help="oracle, nop, cmd:<command> or python:<module>:<callable>."
+        ),
+        attempts: int | None = typer.Option(
+            None,
+            "--attempts",
+            help="Attempts per task (default: the task's \\[rollbox] attempts, or 1).",
+        ),
+        concurrency: int = typer.Option(4, "--concurrency", help="Rollouts at once."),
+        backend: str = typer.Option(
+            "auto", "--backend", help="namespace, gvisor, microvm or auto."
+        ),
+        retries: int = typer.Option(1, "--retries", help="Retries per rollout (infra errors)."),
+        group_from_snapshot: bool = typer.Option(
+            False, "--group-from-snapshot", help="Set up once per task, fork attempts from it."
+        ),
+        db: str | None = typer.Option(None, "--db", help="Metadata store URL (default SQLite)."),
+        resume: str | None = typer.Option(None, "--resume", help="Finish an interrupted run."),
+        seed: int = typer.Option(0, "--seed", help="Base seed of the per-rollout seeds."),
+        json_: bool = JSON_OPTION,
+    ) -> None:
+        """Run Harbor tasks × attempts, each in a fresh sandbox; print the report."""
+        from rollbox.rollouts.report import render, summarize
+        from rollbox.rollouts.runs import Run, RunEvents, RunOptions
+
+        if resume and task_dirs:
+            raise fail("give either TASK_DIR... or --resume RUN, not both", json_mode=json_)
+        if not resume and not task_dirs:
+            raise fail("no task directories given (rollbox run TASK_DIR...)", json_mode=json_)
+        for d in task_dirs or []:
+            if not d.is_dir():
+                raise fail(f"task directory {d} does not exist", json_mode=json_)
+        home, meta, blobs = _stores(db)
+        options = RunOptions(
+            task_dirs=[str(d) for d in task_dirs or []],
+            agent=agent,
+            attempts=attempts,
+            concurrency=concurrency,
+            backend=backend,
+            retries=retries,
+            group_from_snapshot=group_from_snapshot,
+            seed=seed,
+        )
+        live = _Live(enabled=not json_)
+        events = RunEvents(on_start=live.start, on_rollout=live.update)
+        runner = Run(home, meta, blobs, options, events=events)
+        run = runner.start_resume(resume) if resume else runner.start_new()
+        choice = runner.choice
+        assert choice is not None
+        if not json_:
+            verb = "resuming" if resume else "run"
+            console.print(f"{verb} {run.id}: agent {runner.options.agent}")
+            console.print(f"backend: {choice.name} ({choice.reason})")
+        try:
+            result = asyncio.run(_with_sigterm(runner.execute()))
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            live.stop()
+            msg = f"interrupted: {run.id} (finish it with: rollbox run --resume {run.id})"
+            if json_:
+                emit({"run_id": run.id, "status": "interrupted"}, True)
+            else:
+                err_console.print(msg)
+            raise typer.Exit(130) from None
+        finally:
+            live.stop()
+        final = result.run
+        summary = summarize(final, meta.rollouts_of(final.id))
+        if json_:
+            emit(
+                {
+                    "run_id": final.id,
+                    "status": final.status,
+                    "backend": final.backend,
+                    "backend_reason": final.backend_reason,
+                    "summary": summary,
+                    "cleanup": final.summary.get("cleanup"),
+                },
+                True,
+            )
+            return
+        console.print(render(summary))
+
+    @app.command("repro")
+    def repro_cmd(
+        run_ref: str = typer.Argument(..., help="Run id (or unique prefix) to re-run."),
+        concurrency: int = typer.Option(4, "--concurrency", help="Rollouts at once."),
+        db: str | None = typer.Option(None, "--db", help="Metadata store URL (default SQLite)."),
+        json_: bool = JSON_OPTION,
+    ) -> None:
+        """Re-run each rollout of RUN from its recorded baseline, task copy, agent and seed;
+        report which outcomes and filesystem diffs match and what differs."""
+        from rollbox.rollouts.runs import RunEvents, repro_run
+
+        if concurrency < 1:
+            raise fail("--concurrency must be at least 1", json_mode=json_)
+        home, meta, blobs = _stores(db)
+        live = _Live(enabled=not json_)
+        events = RunEvents(on_start=live.start, on_rollout=live.update)
+        try:
+            new_run, items = asyncio.run(
+                _with_sigterm(
+                    repro_run(home, meta, blobs, run_ref, concurrency=concurrency, events=events)
+                )
+            )
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            live.stop()
+            err_console.print("interrupted")
+            raise typer.Exit(130) from None
+        finally:
+            live.stop()
+        matched = sum(1 for i in items if i.outcome_match and i.diff_match)
+        doc = {
+            "repro_run_id": new_run.id,
+            "of": new_run.summary.get("repro_of"),
+            "rollouts": len(items),
+            "matched": matched,
+            "items": [
+                {
+                    "original": i.original.id,
+                    "replay": i.replay.id if i.replay else None,
+                    "task": i.original.task_name,
+                    "attempt": i.original.attempt,
+                    "outcome_match": i.outcome_match,
+                    "fs_diff_match": i.diff_match,
+                    "differences": i.differences,
+                }
+                for i in items
+            ],
+        }
+
+        def human() -> None:
+            table = Table(title=f"repro of {doc['of']} as {new_run.id}")
+            for col in ("task", "attempt", "original", "replay", "outcome", "fs diff", "what"):
+                table.add_column(col)
+            for i in items:
+                table.add_row(
+                    i.original.task_name,
+                    str(i.original.attempt),
+                    i.original.id,
+                    i.replay.id if i.replay else "-",
+                    "match" if i.outcome_match else "[red]differs",
+                    "match" if i.diff_match else "[red]differs",
+                    "; ".join(i.differences)[:200],
+                )
+            console.print(table)
+            console.print(f"{matched}/{len(items)} rollouts reproduced exactly")
+
+        emit(doc, json_, human)
+        if matched != len(items):
+            raise typer.Exit(1)
