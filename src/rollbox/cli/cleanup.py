@@ -1,0 +1,66 @@
+"""``rollbox cleanup [--dry-run]``: remove what dead, expired or crashed sandboxes left.
+
+Runs ``cleanup_orphans`` of every registered backend whose tools are available, then
+removes stale entries of ``$ROLLBOX_HOME/tmp``. Prints one line per removed resource.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+
+import typer
+
+from rollbox.backends.registry import get_backend, names
+from rollbox.cli.output import JSON_OPTION, emit
+from rollbox.config import Home
+from rollbox.errors import BackendUnavailableError, RollboxError
+
+TMP_STALE_S = 3600.0
+
+
+def cleanup(home: Home, dry_run: bool = False) -> list[str]:
+    """Every backend's orphans, then stale ``tmp/`` entries; one line each."""
+    lines: list[str] = []
+    for name in names():
+        try:
+            be = get_backend(name, home)
+        except (ImportError, AttributeError, RollboxError):
+            continue  # backend module not present in this install
+        try:
+            lines += be.cleanup_orphans(dry_run=dry_run)
+        except BackendUnavailableError:
+            continue
+    if home.tmp.is_dir():
+        now = time.time()
+        for entry in sorted(home.tmp.iterdir()):
+            with contextlib.suppress(FileNotFoundError):
+                if now - entry.lstat().st_mtime < TMP_STALE_S:
+                    continue
+                if not dry_run:
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry, ignore_errors=True)
+                    else:
+                        entry.unlink()
+                lines.append(f"tmp {entry}")
+    return lines
+
+
+def register(app: typer.Typer) -> None:
+    """Add the top-level ``cleanup`` command."""
+
+    @app.command("cleanup")
+    def cleanup_cmd(
+        dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would go."),
+        json_: bool = JSON_OPTION,
+    ) -> None:
+        """Remove leftovers of sandboxes whose owner died, whose TTL passed or that crashed."""
+        home = Home.from_env()
+        lines = cleanup(home, dry_run)
+        verb = "would remove" if dry_run else "removed"
+        emit(
+            {"dry_run": dry_run, "removed": lines},
+            json_,
+            "\n".join(f"{verb} {line}" for line in lines) or "nothing to clean up",
+        )
