@@ -305,7 +305,7 @@ class MetaStore:
         ids: list[str] = []
         with self._begin() as conn:
             for c in candidates:
-                like = c.replace("\\", "").replace("%", "").replace("_", "\\_") + "%"
+                like = _like_prefix(c)
                 ids += (
                     conn.execute(
                         select(runs_table.c.id)
@@ -376,7 +376,7 @@ class MetaStore:
         ids: list[str] = []
         with self._begin() as conn:
             for c in candidates:
-                like = c.replace("\\", "").replace("%", "").replace("_", "\\_") + "%"
+                like = _like_prefix(c)
                 ids += (
                     conn.execute(
                         select(rollouts_table.c.id)
@@ -443,6 +443,11 @@ class MetaStore:
         )
         with self._begin() as conn:
             return {str(s): int(n) for s, n in conn.execute(q).all()}
+
+
+def _like_prefix(prefix: str) -> str:
+    """A LIKE pattern (escape char ``\\``) matching strings that start with ``prefix``."""
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: ConnectionPoolEntry) -> None:
