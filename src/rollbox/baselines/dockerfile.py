@@ -51,7 +51,7 @@ def parse(text: str) -> list[Instruction]:
         if not buf:
             start = n
         if stripped.endswith("\\"):
-            buf += stripped[:-1] + " "
+            buf += stripped[:-1].rstrip() + " "
             continue
         buf += stripped
         keyword, _, args = buf.partition(" ")

@@ -255,6 +255,11 @@ class BaselineStore:
             layerlib.unpack_blob(blob, target)
             layerlib.write_manifest(target, stage / f"layer-{hex_of(diff_id)}.files.json")
             unpacked[diff_id] = target
+        if parent is None:
+            # snapshots record their parent in the manifest, so lineage survives export/import
+            annotated = (_doc.get("annotations") or {}).get(oci.BASE_DIGEST)
+            if isinstance(annotated, str) and self.get(annotated) is not None:
+                parent = annotated
         info = BaselineInfo(
             digest=digest,
             names=[],
