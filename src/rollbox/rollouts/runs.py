@@ -366,6 +366,13 @@ class Run:
         reap_stale_runs(self.meta, self.blobs)
         existing = await asyncio.to_thread(self.meta.rollouts_of, run.id)
         slots = self._slots(existing)
+        # Baselines first (a Dockerfile build or the default bootstrap can take a while):
+        # that is preparation, not queue time of the rollouts.
+        for task in {s.task.digest: s.task for s in slots if s.task is not None}.values():
+            try:
+                await self._baseline(task)
+            except RollboxError:
+                pass  # recorded; each of the task's slots reports it as a failed rollout
         if self.events.on_start:
             self.events.on_start(run, len(slots))
         before = HostState.capture(self.home.sandboxes) if self.check_host else None

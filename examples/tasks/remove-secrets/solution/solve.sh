@@ -1,0 +1,2 @@
+#!/bin/bash
+find /app -type f \( -name '*.key' -o -name '*.pem' \) -delete
