@@ -170,7 +170,7 @@ def _build_uncached(
         image = local.get(f.image, f.image)
         as_name = f" AS {f.stage}" if f.stage else ""
         lines.append(f"FROM {' '.join(f.flags)} {image}{as_name}".replace("  ", " "))
-    tag = f"{BUILD_REPO}:{key[:16]}-{secrets.token_hex(4)}"
+    tag = f"{BUILD_REPO}:{store.home.tag}-{key[:16]}-{secrets.token_hex(4)}"
     with store.staging("build") as stage:
         (stage / "Dockerfile").write_text("\n".join(lines) + "\n")
         cmd = [
