@@ -120,7 +120,9 @@ def register(app: typer.Typer) -> None:
         group_from_snapshot: bool = typer.Option(
             False, "--group-from-snapshot", help="Set up once per task, fork attempts from it."
         ),
-        db: str | None = typer.Option(None, "--db", help="Metadata store URL (default SQLite)."),
+        db: str | None = typer.Option(
+            None, "--db", envvar="ROLLBOX_DB", help="Metadata store URL (default SQLite)."
+        ),
         resume: str | None = typer.Option(None, "--resume", help="Finish an interrupted run."),
         seed: int = typer.Option(0, "--seed", help="Base seed of the per-rollout seeds."),
         json_: bool = JSON_OPTION,
@@ -190,7 +192,9 @@ def register(app: typer.Typer) -> None:
     def repro_cmd(
         run_ref: str = typer.Argument(..., help="Run id (or unique prefix) to re-run."),
         concurrency: int = typer.Option(4, "--concurrency", help="Rollouts at once."),
-        db: str | None = typer.Option(None, "--db", help="Metadata store URL (default SQLite)."),
+        db: str | None = typer.Option(
+            None, "--db", envvar="ROLLBOX_DB", help="Metadata store URL (default SQLite)."
+        ),
         json_: bool = JSON_OPTION,
     ) -> None:
         """Re-run each rollout of RUN from its recorded baseline, task copy, agent and seed;
