@@ -1,0 +1,101 @@
+"""Concurrent builds/imports of the same input, and SIGKILL mid-build."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rollbox.baselines.builders.buildah import build
+from rollbox.baselines.store import BaselineStore
+from rollbox.baselines.verify import verify
+from rollbox.models import BaselineInfo
+
+from .conftest import TINY_NAME, make_tiny_rootfs
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+_BUILD = """
+import sys
+from pathlib import Path
+from rollbox.baselines.builders.buildah import build
+from rollbox.baselines.store import BaselineStore
+from rollbox.config import Home
+print(build(BaselineStore(Home(Path(sys.argv[1]))), Path(sys.argv[2])).digest)
+"""
+_IMPORT = """
+import sys
+from pathlib import Path
+from rollbox.baselines.store import BaselineStore
+from rollbox.config import Home
+print(BaselineStore(Home(Path(sys.argv[1]))).import_rootfs(Path(sys.argv[2])).digest)
+"""
+
+
+def _spawn(code: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def test_two_processes_build_same_input(
+    store: BaselineStore, tiny: BaselineInfo, tmp_path: Path
+) -> None:
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(f"FROM {TINY_NAME}\nRUN echo built > /built && sleep 1\n")
+    procs = [_spawn(_BUILD, str(store.home.root), str(ctx)) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    digests = {o[0].strip() for o in outs}
+    assert len(digests) == 1
+    assert len(store.all()) == 2  # tiny + one build
+    assert verify(store).ok
+    assert list(store.home.tmp.iterdir()) == []
+
+
+def test_two_processes_import_same_rootfs(store: BaselineStore, tmp_path: Path) -> None:
+    root = make_tiny_rootfs(tmp_path / "r")
+    procs = [_spawn(_IMPORT, str(store.home.root), str(root)) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert len({o[0].strip() for o in outs}) == 1
+    assert len(store.all()) == 1
+    assert verify(store).ok
+
+
+def test_sigkill_mid_build_leaves_nothing_partial(
+    store: BaselineStore, tiny: BaselineInfo, tmp_path: Path
+) -> None:
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(f"FROM {TINY_NAME}\nRUN echo x > /x && sleep 60\n")
+    layers_before = sorted(p.name for p in store.home.layers.iterdir())
+    proc = _spawn(_BUILD, str(store.home.root), str(ctx))
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith("bl-build") for p in store.home.tmp.iterdir()):
+        assert time.monotonic() < deadline, "build never started"
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(1.5)  # let buildah get into the RUN step
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    # nothing partial: no new baseline, no new layer, no cache entry
+    assert [b.digest for b in store.all()] == [tiny.digest]
+    assert sorted(p.name for p in store.home.layers.iterdir()) == layers_before
+    assert not list(store.home.cache.glob("build-*"))
+    # the dead process's staging is removed by the next write, and the same build works
+    (ctx / "Dockerfile").write_text(f"FROM {TINY_NAME}\nRUN echo x > /x\n")
+    info = build(store, ctx)
+    assert list(store.home.tmp.iterdir()) == []
+    assert (store.layer_dirs(info.digest)[-1] / "x").read_text() == "x\n"
+    assert verify(store).ok
