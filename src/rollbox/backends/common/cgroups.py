@@ -161,11 +161,16 @@ class Cgroup:
         mem = self.paths["memory"]
         if limits.memory_mb is not None:
             value = str(limits.memory_mb << 20)
-            _write(mem / "memory.limit_in_bytes", value)
             memsw = mem / "memory.memsw.limit_in_bytes"
-            if memsw.exists():
-                # memsw must be >= the memory limit; equal means no swap for the sandbox.
-                _write(memsw, value)
+            # memsw must stay >= the memory limit (equal means no swap for the sandbox):
+            # when raising, raise memsw first.
+            current = int((mem / "memory.limit_in_bytes").read_text())
+            order = [mem / "memory.limit_in_bytes", memsw]
+            if (limits.memory_mb << 20) > current:
+                order.reverse()
+            for path in order:
+                if path.exists():
+                    _write(path, value)
             _write(mem / "memory.swappiness", "0")
         if limits.pids is not None:
             _write(self.paths["pids"] / "pids.max", str(limits.pids))
@@ -290,12 +295,11 @@ class Cgroup:
         self.kill_all()
         for hierarchy in _hierarchies():
             top = hierarchy / self.name
-            if not top.is_dir():
-                continue
-            # Deepest first.
-            dirs = [Path(d) for d, _s, _f in os.walk(top)]
-            for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
-                _rmdir_retry(d)
+            if top.is_dir():
+                # Deepest first.
+                dirs = [Path(d) for d, _s, _f in os.walk(top)]
+                for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+                    _rmdir_retry(d)
             parent = top.parent
             if parent != hierarchy and parent.name.startswith("rollbox-"):
                 try:

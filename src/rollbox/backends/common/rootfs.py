@@ -78,17 +78,26 @@ def is_mountpoint(path: Path) -> bool:
 
 
 def unmount_tree(path: Path) -> list[Path]:
-    """Unmount everything at or below ``path`` (deepest first, lazily if busy)."""
-    done = []
-    for mp in mounts_under(path):
-        try:
-            sys_umount(mp)
-        except OSError as exc:
-            if exc.errno != errno.EBUSY:
-                raise
-            sys_umount(mp, MNT_DETACH)  # last resort: detach now, free when unused
-        done.append(mp)
+    """Unmount everything at or below ``path`` (deepest first, stacked mounts too, lazily
+    if busy)."""
+    done: list[Path] = []
+    for _ in range(64):  # bounded: each round removes at least one mount or raises
+        found = mounts_under(path)
+        if not found:
+            break
+        for mp in found:
+            _umount_one(mp)
+            done.append(mp)
     return done
+
+
+def _umount_one(mp: Path) -> None:
+    try:
+        sys_umount(mp)
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            raise
+        sys_umount(mp, MNT_DETACH)  # last resort: detach now, free when unused
 
 
 @dataclass
@@ -204,14 +213,11 @@ class Rootfs:
 
     def unmount(self) -> None:
         """Unmount the overlay then the tmpfs (idempotent; lazily as a last resort)."""
-        for target in (self.root, self.upperfs):
-            for mp in mounts_under(target):
-                try:
-                    sys_umount(mp)
-                except OSError as exc:
-                    if exc.errno != errno.EBUSY:
-                        raise BackendError(f"cannot unmount {mp}: {exc}") from exc
-                    sys_umount(mp, MNT_DETACH)
+        try:
+            unmount_tree(self.root)
+            unmount_tree(self.upperfs)
+        except OSError as exc:
+            raise BackendError(f"cannot unmount {self.sandbox_dir}: {exc}") from exc
 
     def disk_used(self) -> int:
         """Bytes the sandbox has written on top of its baseline."""

@@ -1,0 +1,500 @@
+"""The ``gvisor`` backend: the namespace backend's sandbox, run by ``runsc`` instead of bwrap.
+
+Everything around the runtime is shared with :mod:`rollbox.backends.namespace` (the
+sandbox directory and ``state.json``, overlay rootfs with a tmpfs upper, the cgroup, the
+allow-list network, the agent and its wire protocol, safe host-side file access, snapshot
+and fork through the upper dir, freezer pause): :class:`GVisorBackend` subclasses
+:class:`~rollbox.backends.namespace.NamespaceBackend` and replaces how a sandbox is
+started, how an exec's process tree is killed and how a sandbox is torn down.
+
+A sandbox is::
+
+    runsc run --detach (OCI bundle = the sandbox dir, config.json written here)
+      runsc-gofer + runsc-sandbox (sentry) + ptrace stubs   (host, in the sandbox's cgroup)
+        └─ rollbox-uds-listen /run/rollbox/agent.sock -- agent serve 3   (PID 1 in gVisor)
+             └─ one session process per exec ─ the command
+
+Channel: a host listening socket cannot be handed into gVisor, so a tiny static helper
+(``uds_listen.c``) binds ``/run/rollbox/agent.sock`` inside, on the host directory
+``<sandbox>/run`` bind-mounted there; ``--host-uds=create`` makes that a real host socket.
+
+Flags: ``--overlay2=none`` so writes land in the host overlay upper (snapshot, fork, disk
+limit and host-side file access all read it), ``--file-access=shared`` so files the host
+writes into the rootfs are seen inside at once, ``--network=none`` (modes none/loopback)
+or ``--network=sandbox`` inside the allow-list netns.
+
+Limits inside gVisor: the host cgroup holds the sentry, the gofer and the ptrace stubs,
+so its memory and pids limits get an allowance for them on top of the sandbox's limits
+(:data:`MEMORY_OVERHEAD_MB`, :data:`PIDS_OVERHEAD`); RLIMIT_NPROC=pids is set for the
+processes inside (gVisor enforces it for non-root users). Per-exec process trees are
+found with ``runsc ps`` (there are no per-exec host cgroups: the processes are the
+sentry's) and killed with ``runsc kill --pid``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import ClassVar
+
+from rollbox.backends.agent.build import agent_binary
+from rollbox.backends.agent.protocol import ExecRequest
+from rollbox.backends.base import OutputCallback
+from rollbox.backends.common.bundle import DEFAULT_PATH, oci_config, write_bundle
+from rollbox.backends.common.cgroups import Cgroup
+from rollbox.backends.gvisor.helper import helper_binary
+from rollbox.backends.namespace.backend import NamespaceBackend, NamespaceSandbox, _ping_sync
+from rollbox.backends.namespace.capture import StreamCapture
+from rollbox.backends.namespace.seccomp import filter_file
+from rollbox.backends.state import read_state
+from rollbox.config import Home
+from rollbox.errors import (
+    BackendError,
+    BackendUnavailableError,
+    CapabilityError,
+    ExecTimeoutError,
+    InvalidInputError,
+    RollboxError,
+    SandboxCrashedError,
+    SandboxNotFoundError,
+)
+from rollbox.models import BaselineInfo, Capabilities, ExecResult, SandboxInfo, SandboxSpec
+
+MEMORY_OVERHEAD_MB = 160
+"""Host memory allowed for the sentry, gofer and stubs on top of ``Limits.memory_mb``."""
+PIDS_OVERHEAD = 512
+"""Host tasks allowed for the sentry's threads, gofer and stubs on top of ``Limits.pids``."""
+AGENT_DIR = "/run/.rollbox"
+SOCKET_IN_SANDBOX = "/run/rollbox/agent.sock"
+START_TIMEOUT_S = 20.0
+
+
+def runsc_root(home: Home) -> Path:
+    """runsc's state directory for this home (``runsc --root``)."""
+    return home.root / "runsc"
+
+
+class GVisorBackend(NamespaceBackend):
+    """gVisor's user-space kernel (``runsc``, ptrace platform) around the same sandbox."""
+
+    name: ClassVar[str] = "gvisor"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        snapshot=True,
+        memory_snapshot=False,  # runsc checkpoint/restore hangs on this build (20221219)
+        fork=True,
+        pause=True,
+        network_modes=["none", "loopback", "allow"],
+        users=True,
+    )
+
+    def __init__(self, home: Home) -> None:
+        super().__init__(home)
+        self._runsc: str | None = None
+        self._helper: Path | None = None
+
+    def version(self) -> str:
+        """``runsc version <...>``."""
+        try:
+            out = subprocess.run(
+                ["runsc", "--version"], capture_output=True, text=True, timeout=5, check=False
+            ).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return "runsc"
+        return out.splitlines()[0].strip() if out.strip() else "runsc"
+
+    def prepare(self) -> None:
+        """Check runsc and root, build the agent and the socket helper (cached)."""
+        if self._agent is not None:
+            return
+        runsc = shutil.which("runsc")
+        if runsc is None:
+            raise BackendUnavailableError(
+                "gVisor (runsc) is not installed", hint="apt-get install runsc"
+            )
+        if os.geteuid() != 0:
+            raise BackendUnavailableError(
+                "the gvisor backend needs root (cgroups, overlay mounts)", hint="run as root"
+            )
+        if not Path("/sys/fs/cgroup/freezer/cgroup.procs").exists():
+            raise BackendUnavailableError("cgroup v1 freezer controller is not mounted")
+        self.home.ensure()
+        runsc_root(self.home).mkdir(mode=0o700, exist_ok=True)
+        self._helper = helper_binary(self.home)
+        self._seccomp = filter_file(self.home.root / "bin")  # unused by runsc; keeps the base happy
+        self._runsc = runsc
+        self._bwrap = runsc
+        self._agent = agent_binary(self.home)
+
+    def check(self, spec: SandboxSpec) -> None:
+        """Preflight as the namespace backend; memory snapshots are refused."""
+        if spec.from_snapshot:
+            raise CapabilityError(
+                "backend 'gvisor' has no memory snapshots (runsc checkpoint/restore hangs on "
+                "this runsc build)",
+                hint="use backend microvm",
+            )
+        super().check(spec)
+
+    def _runsc_argv(self, *args: str) -> list[str]:
+        assert self._runsc is not None
+        return [self._runsc, "--root", str(runsc_root(self.home)), *args]
+
+    def _launch(self, sdir: Path, spec: SandboxSpec, cg: Cgroup, netns: str, lfd: int) -> None:
+        """Write the OCI bundle and ``runsc run --detach`` it; wait for the agent.
+
+        ``lfd`` (the base class's host-made listening socket) cannot be passed into gVisor;
+        the helper makes the socket inside instead, at the same host path.
+        """
+        assert self._agent is not None and self._helper is not None
+        sid = sdir.name
+        # Allowance for gVisor's own host processes (see the module docstring).
+        host_limits = spec.limits.model_copy(
+            update={
+                "memory_mb": None
+                if spec.limits.memory_mb is None
+                else spec.limits.memory_mb + MEMORY_OVERHEAD_MB,
+                "pids": None if spec.limits.pids is None else spec.limits.pids + PIDS_OVERHEAD,
+            }
+        )
+        cg.apply(host_limits)
+        config = oci_config(
+            rootfs=sdir / "rootfs",
+            args=[
+                f"{AGENT_DIR}/uds-listen",
+                SOCKET_IN_SANDBOX,
+                "--",
+                f"{AGENT_DIR}/agent",
+                "serve",
+                "3",
+            ],
+            hostname=spec.hostname,
+            limits=spec.limits,
+            cgroups_path=f"/{cg.name}",
+            ro_binds={f"{AGENT_DIR}/agent": self._agent, f"{AGENT_DIR}/uds-listen": self._helper},
+            rw_binds={"/run/rollbox": sdir / "run"},
+            netns_path=None if netns == "-" else Path(netns),
+        )
+        if spec.limits.pids is not None:
+            config["process"]["rlimits"].append(
+                {"type": "RLIMIT_NPROC", "hard": spec.limits.pids, "soft": spec.limits.pids}
+            )
+        write_bundle(sdir, config)
+        sock = sdir / "run" / "agent.sock"
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()  # the base class's socket: the helper binds its own here
+        network = "none" if netns == "-" else "sandbox"
+        argv = self._runsc_argv(
+            f"--network={network}",
+            "--host-uds=create",
+            "--overlay2=none",
+            "--file-access=shared",
+            f"--panic-log={sdir / 'runsc-panic.log'}",
+            "run",
+            "--detach",
+            "--bundle",
+            str(sdir),
+            sid,
+        )
+        with open(sdir / "sandbox.log", "wb") as log:
+            proc = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env={"PATH": DEFAULT_PATH},
+                check=False,
+            )
+        if proc.returncode != 0:
+            text = (sdir / "sandbox.log").read_text(errors="replace").strip()[-500:]
+            raise BackendError(f"runsc run failed (exit {proc.returncode}): {text}")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not (sock.exists() and _ping_sync(sock, timeout=2.0)):
+            if time.monotonic() > deadline:
+                text = (sdir / "sandbox.log").read_text(errors="replace").strip()[-500:]
+                raise BackendError(f"the gVisor sandbox {sid} did not start: {text or 'no output'}")
+            time.sleep(0.002)
+
+    async def attach(self, sandbox_id: str) -> GVisorSandbox:
+        """Re-attach to a live sandbox of this home."""
+        info = read_state(self.home, sandbox_id)
+        if info.backend != self.name:
+            raise SandboxNotFoundError(f"sandbox {sandbox_id} belongs to backend {info.backend}")
+        if info.state == "destroyed":
+            raise SandboxNotFoundError(f"sandbox {sandbox_id} was destroyed")
+        return GVisorSandbox(self, info)
+
+    def _create_sync(
+        self, spec: SandboxSpec, baseline: BaselineInfo, upper_from: Path | None
+    ) -> GVisorSandbox:
+        handle = super()._create_sync(spec, baseline, upper_from)
+        return GVisorSandbox(self, handle.info)
+
+    def _teardown_names(self, sandbox_id: str, net: dict[str, object] | None) -> None:
+        errors: list[str] = []
+        try:
+            self._runsc_delete(sandbox_id)
+        except (OSError, RollboxError, subprocess.TimeoutExpired) as exc:
+            errors.append(f"runsc: {exc}")
+        try:
+            super()._teardown_names(sandbox_id, net)
+        except BackendError as exc:
+            errors.append(str(exc))
+        if errors:
+            raise BackendError(f"destroying {sandbox_id} left resources: {'; '.join(errors)}")
+
+    def _runsc_delete(self, sandbox_id: str) -> None:
+        """Stop the sandbox and drop runsc's state for it.
+
+        The fast path kills every host process of the sandbox (sentry, gofer, stubs) through
+        its cgroup and removes runsc's two state files: ``runsc delete --force`` takes
+        ~1.2 s here, most of it polling for the already-killed sentry to go away. When the
+        cgroup cannot be emptied, ``runsc delete --force`` is the fallback.
+        """
+        state_dir = runsc_root(self.home)
+        files = [p for p in _listdir(state_dir) if p.name.startswith(f"{sandbox_id}_")]
+        if not files:
+            return  # runsc has no state for it: nothing to delete
+        cg = Cgroup.open(self.home.tag, sandbox_id)
+        if cg.exists():
+            with contextlib.suppress(OSError, RollboxError):
+                cg.kill_all()
+            if not cg.pids():
+                for p in files:
+                    with contextlib.suppress(FileNotFoundError):
+                        p.unlink()
+                return
+        runsc = self._runsc or shutil.which("runsc")
+        if runsc is None:
+            return
+        proc = subprocess.run(
+            [runsc, "--root", str(state_dir), "delete", "--force", sandbox_id],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if proc.returncode != 0 and "does not exist" not in proc.stderr:
+            raise BackendError(f"runsc delete {sandbox_id}: {proc.stderr.strip()[-300:]}")
+
+    def list_runsc_containers(self) -> list[str]:
+        """Container ids in this home's runsc state directory."""
+        if not runsc_root(self.home).is_dir() or shutil.which("runsc") is None:
+            return []
+        proc = subprocess.run(
+            ["runsc", "--root", str(runsc_root(self.home)), "list", "--quiet"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        return [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+
+    def cleanup_orphans(self, *, dry_run: bool = False) -> list[str]:
+        """As the namespace backend, plus runsc containers of this home with no live
+        sandbox."""
+        lines = []
+        live_before = {i.id for i in self.list_sandboxes() if self._dead_reason(i) is None}
+        for cid in self.list_runsc_containers():
+            if cid in live_before:
+                continue
+            lines.append(f"runsc container {cid}")
+            if not dry_run:
+                with contextlib.suppress(OSError, RollboxError, subprocess.TimeoutExpired):
+                    self._runsc_delete(cid)
+        return super().cleanup_orphans(dry_run=dry_run) + lines
+
+
+def _listdir(path: Path) -> list[Path]:
+    try:
+        return list(path.iterdir())
+    except FileNotFoundError:
+        return []
+
+
+class GVisorSandbox(NamespaceSandbox):
+    """One live ``gvisor`` sandbox."""
+
+    backend: GVisorBackend
+
+    def __init__(self, backend: GVisorBackend, info: SandboxInfo) -> None:
+        super().__init__(backend, info)
+        self._running_pids: set[int] = set()
+
+    async def _runsc(self, *args: str) -> tuple[int, str, str]:
+        argv = ["runsc", "--root", str(runsc_root(self.home)), *args]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await proc.communicate()
+        return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+
+    async def processes(self) -> list[tuple[int, int, str]]:
+        """``(pid, ppid, command)`` of every process inside (gVisor pids), via ``runsc ps``."""
+        rc, out, err = await self._runsc("ps", self.id)
+        if rc != 0:
+            raise SandboxCrashedError(f"runsc ps {self.id} failed: {err.strip()[-200:]}")
+        procs = []
+        for line in out.splitlines()[1:]:
+            parts = line.split()
+            if len(parts) >= 8 and parts[1].isdigit() and parts[2].isdigit():
+                procs.append((int(parts[1]), int(parts[2]), parts[7]))
+        return procs
+
+    async def kill_tree(self, pid: int) -> list[int]:
+        """SIGKILL the exec whose command is gVisor pid ``pid``: its descendants and the
+        daemons it left behind (orphans re-parented to PID 1 that were started after it,
+        i.e. with a higher pid, and that do not descend from another running exec).
+
+        Returns:
+            The pids killed.
+        """
+        killed: list[int] = []
+        for _ in range(10):
+            procs = await self.processes()
+            children: dict[int, list[int]] = {}
+            for p, pp, _cmd in procs:
+                children.setdefault(pp, []).append(p)
+            others: set[int] = set()
+            for other in self._running_pids - {pid}:
+                stack = [other]
+                while stack:
+                    q = stack.pop()
+                    others.add(q)
+                    stack += children.get(q, [])
+            victims: set[int] = set()
+            roots = [pid] + [
+                p for p, pp, cmd in procs if pp == 1 and p > pid and cmd != "agent" and p != pid
+            ]
+            stack = [r for r in roots if r not in others]
+            while stack:
+                q = stack.pop()
+                if q in victims or q == 1:
+                    continue
+                victims.add(q)
+                stack += children.get(q, [])
+            victims &= {p for p, _pp, _c in procs}
+            if not victims:
+                break
+            await asyncio.gather(
+                *(self._runsc("kill", "--pid", str(v), self.id, "KILL") for v in sorted(victims))
+            )
+            killed += sorted(victims)
+        return killed
+
+    async def exec(
+        self,
+        cmd: list[str] | str,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        secrets: dict[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+        user: str | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> ExecResult:
+        """Run a command inside; see :meth:`SandboxHandle.exec`."""
+        self._require_running()
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        if not argv:
+            raise InvalidInputError("empty command")
+        if timeout is not None and timeout <= 0:
+            raise InvalidInputError("timeout must be > 0")
+        spec = self.info.spec
+        default_user = (
+            spec.user if spec.user is not None else str(self.info.extra.get("image_user") or "")
+        )
+        uid, gid, homedir = self._resolve_user(user if user is not None else default_user)
+        full_env = self._base_env(homedir)
+        full_env.update(env or {})
+        full_env.update(secrets or {})
+        req = ExecRequest(
+            argv=argv,
+            env=full_env,
+            cwd=cwd or spec.workdir or str(self.info.extra.get("image_workdir") or "/"),
+            uid=uid,
+            gid=gid,
+            nofile=spec.limits.nofile or 0,
+            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+        )
+        secret_values = [v for v in (secrets or {}).values() if v]
+        cap = spec.limits.output_bytes
+        out = StreamCapture(cap, secret_values, on_stdout)
+        err = StreamCapture(cap, secret_values, on_stderr)
+        oom_before = self.cgroup.oom_kills()
+        started = time.monotonic()
+        gpid: list[int] = []
+
+        async def on_pid(pid: int) -> None:
+            gpid.append(pid)
+            self._running_pids.add(pid)
+
+        try:
+            agent_exit = await asyncio.wait_for(
+                self.client.exec(req, on_pid=on_pid, on_stdout=out.feed, on_stderr=err.feed),
+                timeout,
+            )
+        except TimeoutError:
+            if gpid:
+                await self.kill_tree(gpid[0])
+            raise ExecTimeoutError(
+                f"command timed out after {timeout:g}s (its process tree was killed)",
+                stdout=out.finish(),
+                stderr=err.finish(),
+                timeout=timeout,
+            ) from None
+        except ValueError as exc:
+            raise InvalidInputError(f"bad command: {exc}") from None
+        except SandboxCrashedError:
+            if self.cgroup.oom_kills() > oom_before:
+                raise SandboxCrashedError(
+                    f"sandbox {self.id} was OOM-killed by its memory limit "
+                    f"({spec.limits.memory_mb} MiB + {MEMORY_OVERHEAD_MB} MiB for gVisor)"
+                ) from None
+            raise
+        finally:
+            for p in gpid:
+                self._running_pids.discard(p)
+        duration = time.monotonic() - started
+        if agent_exit.fail_stage == "chdir":
+            raise InvalidInputError(
+                f"working directory {req.cwd!r} in the sandbox: {agent_exit.fail_message()}"
+            )
+        if agent_exit.fail_stage == "user":
+            raise InvalidInputError(f"cannot switch to user {user!r}: {agent_exit.fail_message()}")
+        if agent_exit.fail_stage == "exec":
+            err.feed(f"rollbox: {argv[0]}: {agent_exit.fail_message()}\n".encode())
+        oom = self.cgroup.oom_kills() > oom_before
+        return ExecResult(
+            exit_code=agent_exit.exit_code,
+            stdout=out.finish(),
+            stderr=err.finish(),
+            duration_s=duration,
+            oom_killed=oom,
+            truncated=out.truncated or err.truncated,
+        )
+
+
+def runsc_state(home: Home, sandbox_id: str) -> dict[str, object] | None:
+    """runsc's view of a container (``runsc state``), or ``None`` when unknown."""
+    proc = subprocess.run(
+        ["runsc", "--root", str(runsc_root(home)), "state", sandbox_id],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return None
+    data = json.loads(proc.stdout)
+    return data if isinstance(data, dict) else None
+
+
+__all__ = ["GVisorBackend", "GVisorSandbox", "runsc_root", "runsc_state"]
