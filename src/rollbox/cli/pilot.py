@@ -120,9 +120,12 @@ def register(app: typer.Typer) -> None:
             render_html(report, png, html_out)
 
         def human() -> None:
+            from rich.console import Console
+
             from rollbox.pilot.table import rich_table
 
-            console.print(rich_table(report))
+            # the table is wide: never squash it to 80 columns when piped
+            Console(highlight=False, width=max(console.width, 170)).print(rich_table(report))
             for b in report.backends:
                 for lv in b.levels:
                     if not lv.cleanup.clean:

@@ -1,0 +1,329 @@
+"""What one audit sets up around its probes, and tears down afterwards.
+
+* sandboxes, tracked and destroyed at the end whatever happens;
+* host canaries the probes try to reach from inside: a directory with a secret file, a
+  ``sleep`` process whose environment holds a secret, a TCP service on 127.0.0.1, an
+  abstract unix socket;
+* a network namespace made by the audit itself (``rba<tag><rand>``, veth to the host,
+  addresses from 198.18.0.0/15 — the benchmarking range, never routed off this machine)
+  with a TCP server on two ports, for the network probes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollbox.config import Home
+from rollbox.errors import RollboxError
+from rollbox.models import Limits, NetworkPolicy
+from rollbox.sandbox import AsyncSandbox
+
+MARK = "RBX-AUDIT "
+"""Prefix of the one JSON line a probe program prints."""
+
+
+class ProbeError(Exception):
+    """A probe could not run (its result would prove nothing)."""
+
+
+def token(label: str) -> str:
+    """A fresh random marker, e.g. ``rbxaudit-secret-3f9a…``."""
+    return f"rbxaudit-{label}-{secrets.token_hex(8)}"
+
+
+_NETNS_SERVER = r"""
+import socket, sys, threading
+ports = [int(p) for p in sys.argv[1].split(",")]
+toks = sys.argv[2].split(",")
+def serve(port, tok):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port)); s.listen(64)
+    while True:
+        c, _ = s.accept()
+        try: c.sendall(tok.encode() + b"\n")
+        finally: c.close()
+for p, t in zip(ports, toks):
+    threading.Thread(target=serve, args=(p, t), daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+"""
+
+
+@dataclass
+class NetnsServer:
+    """A TCP server on two ports inside a network namespace the audit made."""
+
+    netns: str
+    host_if: str
+    host_ip: str
+    server_ip: str
+    ports: tuple[int, int]
+    tokens: tuple[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def start(cls, tag: str) -> NetnsServer:
+        """Create the namespace, the veth pair and the server.
+
+        Raises:
+            ProbeError: a step failed (everything made so far is removed).
+        """
+        rnd = secrets.token_hex(1)
+        name = f"rba{tag}{rnd}"
+        octet = secrets.randbelow(256)
+        second = 18 + secrets.randbelow(2)
+        base = f"198.{second}.{octet}"
+        srv = cls(
+            netns=name,
+            host_if=f"{name}h",
+            host_ip=f"{base}.1",
+            server_ip=f"{base}.2",
+            ports=(20000 + secrets.randbelow(20000), 40000 + secrets.randbelow(20000)),
+            tokens=(token("netns-allowed"), token("netns-other")),
+        )
+        ns_if = f"{name}n"
+        steps = [
+            ["ip", "netns", "add", name],
+            ["ip", "link", "add", srv.host_if, "type", "veth", "peer", "name", ns_if],
+            ["ip", "link", "set", ns_if, "netns", name],
+            ["ip", "addr", "add", f"{srv.host_ip}/30", "dev", srv.host_if],
+            ["ip", "link", "set", srv.host_if, "up"],
+            ["ip", "-n", name, "addr", "add", f"{srv.server_ip}/30", "dev", ns_if],
+            ["ip", "-n", name, "link", "set", ns_if, "up"],
+            ["ip", "-n", name, "link", "set", "lo", "up"],
+            ["ip", "-n", name, "route", "add", "default", "via", srv.host_ip],
+        ]
+        try:
+            for argv in steps:
+                r = subprocess.run(argv, capture_output=True, text=True, check=False)
+                if r.returncode != 0:
+                    raise ProbeError(f"{' '.join(argv)}: {r.stderr.strip()}")
+            srv.proc = subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    name,
+                    sys.executable,
+                    "-c",
+                    _NETNS_SERVER,
+                    f"{srv.ports[0]},{srv.ports[1]}",
+                    ",".join(srv.tokens),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            assert srv.proc.stdout is not None
+            if srv.proc.stdout.readline().strip() != b"ready":
+                raise ProbeError("netns server did not start")
+        except BaseException:
+            srv.stop()
+            raise
+        return srv
+
+    def host_can_reach(self, port: int) -> str | None:
+        """Connect from the host (sanity check that the server works); the token or None."""
+        try:
+            with socket.create_connection((self.server_ip, port), timeout=3) as c:
+                return c.recv(200).decode().strip()
+        except OSError:
+            return None
+
+    def stop(self) -> None:
+        """Kill the server, remove the veth pair and the namespace (idempotent)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", self.netns], capture_output=True, check=False)
+
+
+@dataclass
+class AuditContext:
+    """Everything the probes share during one audit."""
+
+    home: Home
+    backend: str
+    baseline: str
+    layer_dirs: list[Path]
+    cycles: int = 1000
+    sandboxes: list[AsyncSandbox] = field(default_factory=list)
+    canary_dir: Path = Path()
+    canary_file: Path = Path()
+    canary_token: str = ""
+    env_token: str = ""
+    canary_proc: subprocess.Popen[bytes] | None = None
+    loopback_port: int = 0
+    loopback_token: str = ""
+    abstract_name: str = ""
+    abstract_token: str = ""
+    netns: NetnsServer | None = None
+    netns_error: str | None = None
+    a: AsyncSandbox | None = None
+    """Shared sandbox A: made with ``a_env_token`` in its env and ``a_secret_token`` secret."""
+    b: AsyncSandbox | None = None
+    """Shared sandbox B: plain."""
+    a_env_token: str = ""
+    a_secret_token: str = ""
+    _servers: list[Any] = field(default_factory=list)
+    _abstract_sock: socket.socket | None = None
+    capabilities: Any = None
+
+    # ------------------------------------------------------------------ sandboxes
+
+    async def shared(self) -> tuple[AsyncSandbox, AsyncSandbox]:
+        """Sandboxes A and B (created on first use)."""
+        if self.a is None or self.b is None:
+            self.a_env_token = token("env-a")
+            self.a_secret_token = token("secret-a")
+            self.a = await self.sandbox(
+                env={"RBX_AUDIT_ENV_A": self.a_env_token},
+                secrets_={"RBX_AUDIT_SECRET_A": self.a_secret_token},
+            )
+            self.b = await self.sandbox()
+        return self.a, self.b
+
+    async def sandbox(
+        self,
+        *,
+        limits: Limits | None = None,
+        network: NetworkPolicy | str | None = None,
+        env: dict[str, str] | None = None,
+        secrets_: dict[str, str] | None = None,
+    ) -> AsyncSandbox:
+        """A new sandbox of the audited backend, destroyed by :meth:`close`."""
+        sbx = await AsyncSandbox.create(
+            self.baseline,
+            backend=self.backend,
+            limits=limits or Limits(memory_mb=256, disk_mb=256, pids=256),
+            network=network,
+            env=env,
+            secrets=secrets_,
+            labels={"rollbox-audit": "1"},
+            home=self.home,
+        )
+        self.sandboxes.append(sbx)
+        return sbx
+
+    async def py(
+        self,
+        sbx: AsyncSandbox,
+        script: str,
+        args: dict[str, Any] | None = None,
+        *,
+        timeout: float = 60,
+        user: str | None = None,
+    ) -> dict[str, Any]:
+        """Run a probe program (python3 source) inside and return the JSON it printed.
+
+        Raises:
+            ProbeError: it printed no result line (its output is in the message).
+        """
+        res = await sbx.exec(
+            ["python3", "-c", script],
+            stdin=json.dumps(args or {}),
+            timeout=timeout,
+            user=user,
+        )
+        for line in reversed(res.stdout.splitlines()):
+            if line.startswith(MARK):
+                out: dict[str, Any] = json.loads(line[len(MARK) :])
+                out["_exit"] = res.exit_code
+                return out
+        raise ProbeError(
+            f"probe program printed no result (exit {res.exit_code}): "
+            f"{(res.stdout + res.stderr).strip()[-400:]}"
+        )
+
+    # ------------------------------------------------------------------ host canaries
+
+    async def start_canaries(self) -> None:
+        """Start the host-side canaries and the netns server."""
+        self.canary_dir = Path("/var/tmp") / f"rbx-audit-{self.home.tag}-{secrets.token_hex(4)}"
+        self.canary_dir.mkdir(parents=True, exist_ok=False)
+        self.canary_token = token("hostfile")
+        self.canary_file = self.canary_dir / "host-secret.txt"
+        self.canary_file.write_text(self.canary_token + "\n")
+        self.env_token = token("hostenv")
+        self.canary_proc = subprocess.Popen(
+            ["sleep", "3600"],
+            env={"PATH": "/usr/bin:/bin", "RBX_AUDIT_HOST_SECRET": self.env_token},
+            start_new_session=True,
+        )
+        self.loopback_token = token("loopback")
+        lb_tok = self.loopback_token.encode() + b"\n"
+
+        async def handle(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            w.write(lb_tok)
+            with contextlib.suppress(OSError):
+                await w.drain()
+            w.close()
+
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self._servers.append(srv)
+        self.loopback_port = srv.sockets[0].getsockname()[1]
+        self.abstract_token = token("abstract")
+        self.abstract_name = f"rbxaudit-{self.home.tag}-{secrets.token_hex(4)}"
+        usock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        usock.bind("\0" + self.abstract_name)
+        usock.listen(16)
+        usock.setblocking(False)
+        self._abstract_sock = usock
+        ab_tok = self.abstract_token.encode() + b"\n"
+
+        async def handle_unix(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            w.write(ab_tok)
+            with contextlib.suppress(OSError):
+                await w.drain()
+            w.close()
+
+        usrv = await asyncio.start_unix_server(handle_unix, sock=usock)
+        self._servers.append(usrv)
+        try:
+            self.netns = await asyncio.to_thread(NetnsServer.start, self.home.tag[:8])
+        except (ProbeError, OSError) as exc:
+            self.netns_error = str(exc)
+
+    def canary_alive(self) -> bool:
+        """The host canary process still runs."""
+        return self.canary_proc is not None and self.canary_proc.poll() is None
+
+    async def close(self) -> None:
+        """Destroy every sandbox, stop every canary (idempotent, never raises)."""
+        for sbx in self.sandboxes:
+            with contextlib.suppress(RollboxError, OSError):
+                await asyncio.shield(sbx.destroy())
+        self.sandboxes.clear()
+        self.a = self.b = None
+        for srv in self._servers:
+            srv.close()
+            with contextlib.suppress(Exception):
+                await srv.wait_closed()
+        self._servers.clear()
+        if self._abstract_sock is not None:
+            self._abstract_sock.close()
+            self._abstract_sock = None
+        if self.canary_proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self.canary_proc.kill()
+            self.canary_proc.wait()
+            self.canary_proc = None
+        if self.netns is not None:
+            await asyncio.to_thread(self.netns.stop)
+            self.netns = None
+        if self.canary_dir != Path() and self.canary_dir.exists():
+            shutil.rmtree(self.canary_dir, ignore_errors=True)
