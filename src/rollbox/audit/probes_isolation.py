@@ -11,7 +11,7 @@ from typing import Any
 from rollbox.audit import scripts
 from rollbox.audit.context import AuditContext, ProbeError, token
 from rollbox.audit.registry import Outcome, probe, verdict
-from rollbox.errors import ExecTimeoutError
+from rollbox.errors import ExecTimeoutError, SandboxCrashedError
 from rollbox.models import Limits
 
 
@@ -232,8 +232,30 @@ async def pids_limit(ctx: AuditContext) -> Outcome:
 async def memory_limit(ctx: AuditContext) -> Outcome:
     """A memory hog is OOM-killed inside; the sandbox and the host carry on."""
     sbx = await ctx.sandbox(limits=Limits(memory_mb=64, pids=64, disk_mb=64))
-    hog = await sbx.exec(["python3", "-c", "b = b'x' * (512 << 20); print(len(b))"], timeout=60)
-    alive = await sbx.exec(["true"])
+    whole_sandbox_killed = ""
+    try:
+        hog = await sbx.exec(["python3", "-c", "b = b'x' * (512 << 20); print(len(b))"], timeout=60)
+        alive = await sbx.exec(["true"])
+    except SandboxCrashedError as exc:
+        # gVisor: the sandbox's kernel lives inside the limit, so the whole sandbox goes.
+        if "OOM" not in str(exc):
+            raise
+        whole_sandbox_killed = exc.one_line()
+    if whole_sandbox_killed:
+        a, _ = await ctx.shared()
+        a_ok = (await a.exec(["true"])).exit_code == 0
+        breaches = []
+        if not ctx.canary_alive():
+            breaches.append("host canary process died")
+        if not a_ok:
+            breaches.append("another sandbox stopped answering")
+        out = verdict(
+            breaches,
+            "512 MiB hog under 64 MiB: the whole sandbox was OOM-killed by its limit "
+            "(reported as such); other sandboxes and the host unharmed",
+        )
+        out.evidence = {"crash": whole_sandbox_killed, "other_sandbox_ok": a_ok}
+        return out
     killed = hog.oom_killed or hog.exit_code in (137, -9)
     breaches = []
     if hog.exit_code == 0:

@@ -239,11 +239,12 @@ async def mknod(ctx: AuditContext) -> Outcome:
 
 @probe("mount", "kernel")
 async def mount(ctx: AuditContext) -> Outcome:
-    """mount(2) and unshare(CLONE_NEWNS) are refused inside."""
+    """mount(2) of tmpfs, proc and a bind of / is refused inside."""
     a, _ = await ctx.shared()
     res = (await ctx.py(a, scripts.MOUNT))["mount"]
-    ok = [k for k, v in res.items() if v == "OK"]
-    out = verdict([f"allowed inside: {ok}"] if ok else [], f"refused: {res}")
+    # A new mount namespace alone changes nothing; a mount that succeeds is the breach.
+    ok = [k for k, v in res.items() if v == "OK" and not k.startswith("unshare")]
+    out = verdict([f"allowed inside: {ok}"] if ok else [], f"results: {res}")
     out.evidence = {"results": res}
     return out
 

@@ -15,6 +15,9 @@ from rollbox.audit.registry import Outcome, probe, verdict
 from rollbox.config import Home
 from rollbox.errors import RollboxError
 
+RACE_DIR = "/root/rbx-race"
+"""On the sandbox's root filesystem (not a tmpfs that only the sandbox's kernel sees)."""
+
 
 def _tree_has(root: Path, needle: bytes) -> list[str]:
     hits = []
@@ -40,7 +43,12 @@ async def symlink_race(ctx: AuditContext) -> Outcome:
     targets = [canary, depth + canary.lstrip("/"), str(ctx.canary_dir)]
     needle = ctx.canary_token.encode()
     swapper = asyncio.create_task(
-        ctx.py(a, scripts.SYMLINK_SWAPPER, {"targets": targets, "seconds": 4.0}, timeout=30)
+        ctx.py(
+            a,
+            scripts.SYMLINK_SWAPPER,
+            {"targets": targets, "seconds": 4.0, "dir": RACE_DIR},
+            timeout=30,
+        )
     )
     outcomes: Counter[str] = Counter()
     leaks: list[str] = []
@@ -53,11 +61,11 @@ async def symlink_race(ctx: AuditContext) -> Outcome:
             dest = scratch / f"d{i}"
             try:
                 if i % 3 == 0:
-                    await a.files.download("/tmp/race", dest)
+                    await a.files.download(RACE_DIR, dest)
                 elif i % 3 == 1:
-                    await a.files.download("/tmp/race/f", dest)
+                    await a.files.download(RACE_DIR + "/f", dest)
                 else:
-                    data = await a.files.read("/tmp/race/f")
+                    data = await a.files.read(RACE_DIR + "/f")
                     dest.write_bytes(data)
                 outcomes["ok"] += 1
             except RollboxError as exc:
@@ -78,7 +86,7 @@ async def symlink_race(ctx: AuditContext) -> Outcome:
         if not swapper.done():
             swapper.cancel()
         shutil.rmtree(scratch, ignore_errors=True)
-    if swaps == 0 or sum(outcomes.values()) < 10:
+    if swaps == 0 or sum(outcomes.values()) < 10 or outcomes["ok"] == 0:
         raise ProbeError(f"race did not run ({swaps} swaps, {dict(outcomes)} transfers)")
     out = verdict(
         [f"host canary content read through the sandbox: {leaks[:3]}"] if leaks else [],

@@ -347,9 +347,9 @@ for fd in opened: os.close(fd)
 out({"tiocsti": res, "isatty": {str(i): os.isatty(i) for i in (0, 1, 2)}})
 """)
 
-# Swap /tmp/race/f between a file and symlinks out of the root for ARGS["seconds"].
+# Swap DIR/f between a file and symlinks out of the root for ARGS["seconds"].
 SYMLINK_SWAPPER = program(r"""
-d = "/tmp/race"; os.makedirs(d, exist_ok=True)
+d = ARGS["dir"]; os.makedirs(d, exist_ok=True)
 f = os.path.join(d, "f"); tmp = os.path.join(d, ".t")
 targets = ARGS["targets"]
 end = time.time() + ARGS["seconds"]; n = 0
