@@ -177,7 +177,8 @@ class MetaStore:
             )
             event.listen(self.engine, "connect", _sqlite_pragmas)
         else:
-            self.engine = create_engine(self.url, pool_pre_ping=True, pool_size=8, max_overflow=16)
+            self.engine = create_engine(self.url, pool_recycle=1800, pool_size=8, max_overflow=16)
+        self._rollout_upsert = self._upsert_stmt(rollouts_table)
         self._migrate()
 
     # ------------------------------------------------------------------ plumbing
@@ -225,13 +226,14 @@ class MetaStore:
         with self._begin() as conn:
             return migrations.current_version(conn)
 
-    def _upsert(self, conn: Connection, table: Table, row: dict[str, Any]) -> None:
+    def _upsert_stmt(self, table: Table) -> Any:
+        """``INSERT … ON CONFLICT (id) DO UPDATE`` of every column, built once (compiling it
+        per call costs more than the SQLite write itself)."""
         ins = (sqlite.insert if self.dialect == "sqlite" else postgresql.insert)(table)
-        stmt = ins.values(**row)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["id"], set_={k: stmt.excluded[k] for k in row if k != "id"}
+        return ins.on_conflict_do_update(
+            index_elements=["id"],
+            set_={c.name: ins.excluded[c.name] for c in table.columns if c.name != "id"},
         )
-        conn.execute(stmt)
 
     # ------------------------------------------------------------------ runs
 
@@ -335,14 +337,15 @@ class MetaStore:
         """Insert or replace a rollout (safe from many threads and processes at once)."""
         row = _rollout_row(rollout)
         with self._begin(write=True) as conn:
-            self._upsert(conn, rollouts_table, row)
+            conn.execute(self._rollout_upsert, row)
 
     def save_rollouts(self, rollouts: list[RolloutRecord]) -> None:
         """Insert or replace several rollouts in one transaction."""
+        if not rollouts:
+            return
         rows = [_rollout_row(r) for r in rollouts]
         with self._begin(write=True) as conn:
-            for row in rows:
-                self._upsert(conn, rollouts_table, row)
+            conn.execute(self._rollout_upsert, rows)
 
     async def asave_rollout(self, rollout: RolloutRecord) -> None:
         """``save_rollout`` from asyncio code, off the event loop."""
