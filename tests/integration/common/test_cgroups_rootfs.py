@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,12 +15,14 @@ from rollbox.errors import LimitsError
 from rollbox.hoststate import HostState
 from rollbox.models import Limits
 
+LeakCheck = Callable[[HostState, HostState], dict[str, list[str]]]
+
 pytestmark = pytest.mark.root
 
 LOWER = Path("/var/tmp/rollbox-dev/rootfs")
 
 
-def test_cgroup_limits_freeze_kill_destroy(home: Home) -> None:
+def test_cgroup_limits_freeze_kill_destroy(home: Home, leaks: LeakCheck) -> None:
     before = HostState.capture()
     cg = Cgroup.create(home.tag, "sbx-cgtest", Limits(cpus=0.5, memory_mb=32, pids=10))
     try:
@@ -64,7 +67,7 @@ def test_cgroup_limits_freeze_kill_destroy(home: Home) -> None:
     assert p.wait(timeout=5) == -9
     assert not (CGROUP_ROOT / "memory" / cg.name).exists()
     assert orphan_cgroups(home.tag, set()) == []
-    assert before.diff(HostState.capture()).get("cgroups") is None
+    assert leaks(before, HostState.capture()) == {}
 
 
 def test_orphan_cgroups_finds_only_dead_ids(home: Home) -> None:
@@ -80,10 +83,10 @@ def test_orphan_cgroups_finds_only_dead_ids(home: Home) -> None:
         b.destroy()
 
 
-def test_rootfs_overlay_disk_limit_and_fork_copy(home: Home) -> None:
+def test_rootfs_overlay_disk_limit_and_fork_copy(home: Home, leaks: LeakCheck) -> None:
     if not LOWER.is_dir():
         pytest.skip("no dev rootfs at /var/tmp/rollbox-dev/rootfs")
-    before = HostState.capture(home.sandboxes)
+    before = HostState.capture()
     d1 = home.sandboxes / "sbx-r1"
     fs = Rootfs.mount(d1, [LOWER], disk_mb=8)
     try:
@@ -120,4 +123,4 @@ def test_rootfs_overlay_disk_limit_and_fork_copy(home: Home) -> None:
         fs.unmount()
     fs.unmount()  # idempotent
     assert orphan_mounts(home, set()) == []
-    assert before.diff(HostState.capture(home.sandboxes)).get("mounts") is None
+    assert leaks(before, HostState.capture()) == {}
