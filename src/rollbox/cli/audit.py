@@ -54,12 +54,16 @@ def register(app: typer.Typer) -> None:
         if cycles < 0 or cycles > 100_000:
             raise InvalidInputError(f"--cycles must be 0..100000, got {cycles}")
         backend_class(backend)  # unknown backend: one line, exit 2
+        chosen = select(probe or None, skip or None)
+        if repro and (k < 2 or k > 1000):
+            raise InvalidInputError(f"--k must be 2..1000 (rollouts to compare), got {k}")
+        if task is not None and not task.is_dir():
+            raise InvalidInputError(f"--task {task} is not a directory")
         home = Home.from_env().ensure()
         digest, layer_dirs = _resolve_baseline(home, baseline)
         if repro:
             _repro(home, backend, digest, k, task, json_)
             return
-        chosen = select(probe or None, skip or None)
 
         def progress(res: object) -> None:
             from rollbox.audit.models import ProbeResult
@@ -115,8 +119,6 @@ def _resolve_baseline(home: Home, ref: str | None) -> tuple[str, list[Path]]:
 def _repro(home: Home, backend: str, digest: str, k: int, task: Path | None, json_: bool) -> None:
     from rollbox.audit.repro import render_repro, run_repro
 
-    if k < 2 or k > 1000:
-        raise InvalidInputError(f"--k must be 2..1000 (rollouts to compare), got {k}")
     report = asyncio.run(run_repro(home, backend, digest, k, task))
     emit(report, json_, lambda: render_repro(report, console))
     if not (report.identical and report.all_done):
