@@ -15,8 +15,9 @@ infra_error | interrupted``, each stamped in the :class:`~rollbox.models.Rollout
 * **teardown** — every sandbox destroyed, always: on errors and on cancellation (Ctrl-C),
   through :func:`asyncio.shield`.
 
-The record is saved when provisioning starts (so a killed run leaves a ``running`` record that
-resume turns into ``interrupted``) and, sealed with its provenance digest, at the end.
+The record is saved once its sandbox exists (so a killed run leaves a ``running`` record naming
+the sandbox, which resume turns into ``interrupted``) and, sealed with its provenance digest, at
+the end.
 
 Blame: a :class:`~rollbox.errors.BackendError` anywhere is ``infra_error`` (retryable); bad
 task content is ``failed``/``task``; agent timeout or crash is ``failed``/``agent``; no usable
@@ -260,7 +261,6 @@ class RolloutRunner:
         try:
             rec.stamp("provisioning")
             rec.status = "running"
-            await self._save(rec)
             self._notify(rec)
             await self._phases(plan, rec, sandboxes)
             rec.status = "done"
@@ -323,6 +323,8 @@ class RolloutRunner:
         timing = self._time(rec)
         sbx = await self._create(plan, rec, plan.baseline)
         sandboxes.append(sbx)
+        # Saved once the sandbox exists: a killed run leaves a "running" record naming it.
+        await self._save(rec)
         info = sbx.info
         rec.accelerator = info.accelerator
         if self.backend not in self._versions:
