@@ -19,7 +19,7 @@ from rich.text import Text
 from rollbox.cli.output import JSON_OPTION, console, emit
 from rollbox.config import Home
 from rollbox.errors import InvalidInputError
-from rollbox.models import RolloutRecord, RunRecord
+from rollbox.models import RolloutRecord, RunRecord, RunStatus
 from rollbox.rollouts.report import render, summarize
 from rollbox.store.blobs import BlobStore
 from rollbox.store.export import export_run
@@ -52,7 +52,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def effective_status(run: RunRecord) -> str:
+def effective_status(run: RunRecord) -> RunStatus:
     """The run's status, ``interrupted`` when it says running but its process is gone."""
     if (
         run.status == "running"
@@ -191,6 +191,9 @@ def report_cmd(
     meta, _ = _open(db)
     with meta:
         rec = meta.resolve_run(run)
+        status = effective_status(rec)
+        if status != rec.status:
+            rec = rec.model_copy(update={"status": status})
         summary = summarize(rec, meta.rollouts_of(rec.id))
     emit(summary, json_, lambda: console.print(render(summary)))
 

@@ -36,7 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from rollbox.config import Home
@@ -205,8 +205,11 @@ class MetaStore:
             finally:
                 if lock is not None:
                     lock.release()
-        except OperationalError as exc:
-            msg = str(exc.orig).splitlines()[0] if exc.orig else str(exc)
+        except IntegrityError:
+            raise
+        except DBAPIError as exc:
+            # connection refused, "file is not a database", permissions...: one line
+            msg = (str(exc.orig) if exc.orig else str(exc)).strip().splitlines()[0]
             raise StoreError(f"database {self.display_url}: {msg}") from None
 
     def _migrate(self, target: int = migrations.LATEST) -> None:

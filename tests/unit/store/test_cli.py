@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -143,3 +144,32 @@ def test_bad_input_is_one_line_exit_2(
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
     res = rollbox("verify", "nope", "--json")
     assert res.returncode == 2 and json.loads(res.stdout)["type"] == "RunNotFoundError"
+
+
+def test_run_whose_process_died_shows_as_interrupted(
+    home: Home, meta: MetaStore, blobs: BlobStore
+) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    run = make_run(owner_pid=dead.pid, host="")
+    meta.create_run(run)
+    meta.save_rollout(make_rollout(blobs, run.id, status="running", seal=False))
+    res = rollbox("runs", "ls", "--json")
+    assert res.returncode == 0 and json.loads(res.stdout)[0]["status"] == "interrupted"
+    res = rollbox("report", run.id, "--json")
+    assert json.loads(res.stdout)["status"] == "interrupted"
+    # unsealed, unfinished work of a killed run is a warning, not tampering
+    rc, doc = _verify(run.id)
+    assert rc == 0 and doc["sealed"] is False and len(doc["warnings"]) == 2
+    live = make_run(owner_pid=os.getpid(), host="")
+    meta.create_run(live)
+    rows = {r["id"]: r for r in json.loads(rollbox("runs", "ls", "--json").stdout)}
+    assert rows[live.id]["status"] == "running"
+
+
+def test_a_corrupt_database_file_is_one_line(home: Home, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"this is not a sqlite database" * 100)
+    res = rollbox("runs", "ls", "--db", f"sqlite:///{bad}")
+    assert res.returncode == 1
+    assert res.stderr.count("\n") == 1 and "not a database" in res.stderr
