@@ -338,6 +338,10 @@ RunStatus = Literal["running", "done", "interrupted", "failed"]
 """Lifecycle of a run."""
 
 
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+"""A float that is neither NaN nor infinite (JSON cannot carry those)."""
+
+
 class PhaseStamp(Model):
     """The moment a rollout entered a phase."""
 
@@ -370,9 +374,9 @@ class BlobRef(Model):
 class VerifierOutcome(Model):
     """What the verifier said about one rollout."""
 
-    reward: float | None = None
+    reward: FiniteFloat | None = None
     """The scalar reward (``reward.txt``, or ``reward.json``'s ``reward`` key when present)."""
-    rewards: dict[str, float] | None = None
+    rewards: dict[str, FiniteFloat] | None = None
     """The whole ``reward.json`` dict when one was written."""
     passed: bool | None = None
     """True when the reward counts as a pass (reward > 0 by default)."""
@@ -416,7 +420,7 @@ class TrajectoryStep(Model):
     """When the step began (UTC)."""
     ended_at: datetime | None = None
     """When it ended (UTC)."""
-    reward: float | None = None
+    reward: FiniteFloat | None = None
     """Per-step reward, if the policy reports one."""
     info: dict[str, Any] = {}
     """Free-form extra data of the step."""

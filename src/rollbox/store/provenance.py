@@ -35,7 +35,9 @@ _TAG = b"rollbox-provenance/1\n"
 
 def canonical(record: BaseModel) -> bytes:
     """The record as sorted-key compact JSON (UTF-8) without its ``provenance_digest``."""
-    data = record.model_dump(mode="json", exclude={"provenance_digest"})
+    # Derived from pydantic's JSON form (what the database stores), so values that JSON
+    # cannot carry as-is (NaN, bytes, tuples...) hash the same before and after a round trip.
+    data = json.loads(record.model_dump_json(exclude={"provenance_digest"}))
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 

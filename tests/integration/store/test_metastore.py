@@ -248,3 +248,23 @@ def test_unreachable_server_is_a_store_error(home: Home) -> None:
 def test_run_record_status_is_validated() -> None:
     with pytest.raises(ValueError):
         RunRecord(id="run-x", status="weird")  # type: ignore[arg-type]
+
+
+def test_odd_content_round_trips_and_still_verifies(meta: MetaStore, blobs: BlobStore) -> None:
+    run = make_run()
+    meta.create_run(run)
+    rec = make_rollout(
+        blobs,
+        run.id,
+        'задача-✓ "quoted" \\ back',
+        verifier=VerifierOutcome(reward=0.1 + 0.2, rewards={"a": 1e-300, "ü": -0.0}),
+        extra={"nan": float("nan"), "bytes": b"\x00raw", "tuple": (1, 2), "nested": {"z": [None]}},
+        env_names=["A", "Ω"],
+    )
+    meta.save_rollout(rec)
+    back = meta.get_rollout(rec.id)
+    assert back.task_name == rec.task_name and back.verifier is not None
+    assert back.verifier.reward == 0.1 + 0.2
+    assert provenance.check(back, blobs) == []
+    with pytest.raises(ValueError):
+        VerifierOutcome(reward=float("inf"))
