@@ -1,15 +1,18 @@
 """Content-addressed blob store for rollouts: logs, artifacts, task copies, trajectories.
 
 Layout: ``ROLLBOX_HOME/blobs/sha256/<first 2 hex>/<64 hex>``. A blob is written to a
-temporary file in the same directory tree and renamed into place, so a reader never sees
-a partial blob and concurrent writers of the same content are harmless.
+staging file ``ROLLBOX_HOME/tmp/blob-*`` and renamed into place, so a reader never sees a
+partial blob and concurrent writers of the same content are harmless; a staging file left by
+a killed process is removed by ``rollbox cleanup`` (stale ``tmp/`` entries).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -41,7 +44,7 @@ class BlobStore:
     def __init__(self, home: Home) -> None:
         self.home = home
         self.root = home.blobs / "sha256"
-        self._tmp = home.blobs / "tmp"
+        self._tmp = home.tmp
 
     def path(self, digest: str) -> Path:
         """Where the blob with ``digest`` lives (whether or not it exists)."""
@@ -59,7 +62,17 @@ class BlobStore:
             return
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(tmp, 0o444)
-        os.replace(tmp, dest)
+        try:
+            os.replace(tmp, dest)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            # blobs/ is on another filesystem than tmp/: stage beside the target instead
+            side = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+            shutil.copyfile(tmp, side)
+            os.chmod(side, 0o444)
+            os.replace(side, dest)
+            tmp.unlink()
 
     def _tmpfile(self) -> tuple[int, Path]:
         self._tmp.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ def test_put_get_layout_and_idempotence(blobs: BlobStore) -> None:
     assert not os.access(blobs.path(d), os.W_OK) or os.geteuid() == 0
     assert oct(blobs.path(d).stat().st_mode & 0o777) == oct(0o444)
     # no staging file left behind
-    assert list((blobs.home.blobs / "tmp").iterdir()) == []
+    assert list(blobs.home.tmp.glob("blob-*")) == []
 
 
 def test_put_file_streams_large_content(blobs: BlobStore, tmp_path: Path) -> None:
@@ -67,4 +67,4 @@ def test_concurrent_puts_of_same_and_different_content(blobs: BlobStore) -> None
         digests = list(ex.map(blobs.put, payloads))
     assert len(set(digests)) == 21
     assert all(blobs.verify(d) for d in digests)
-    assert list((blobs.home.blobs / "tmp").iterdir()) == []
+    assert list(blobs.home.tmp.glob("blob-*")) == []
