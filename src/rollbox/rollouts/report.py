@@ -173,8 +173,11 @@ def _ms(v: float | None) -> str:
 def render(summary: RunSummary) -> Group:
     """The summary as rich renderables: a per-task table and a platform table."""
     tasks = Table(title=f"run {summary.run_id} ({summary.status}) — agent {summary.agent}")
-    for col in ("task", "attempts", "passed", "pass rate", "mean reward", "pass@k", "errors"):
-        tasks.add_column(col, justify="left" if col in ("task", "pass@k") else "right")
+    tasks.add_column("task", overflow="fold")
+    for col in ("attempts", "passed", "pass rate", "mean reward"):
+        tasks.add_column(col, justify="right")
+    tasks.add_column("pass@k")
+    tasks.add_column("errors", justify="right")
     for t in summary.tasks:
         tasks.add_row(
             t.task,
