@@ -27,6 +27,7 @@ reward is ``failed``/``verifier``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shutil
 import socket
@@ -127,6 +128,7 @@ class RolloutRunner:
         self.on_update = on_update
         self.host = socket.gethostname()
         self._task_blobs: dict[str, BlobRef] = {}
+        self._stored: set[str] = set()
         self._versions: dict[str, str] = {}
         self._lineage: dict[str, list[str]] = {}
         self._lowers: dict[str, list[Path]] = {}
@@ -141,6 +143,15 @@ class RolloutRunner:
             ref = self.blobs.ref("task.tar", task_tar(task.path))
             self._task_blobs[task.digest] = ref
         return ref
+
+    def _ref(self, name: str, data: bytes, *, truncated: bool = False) -> BlobRef:
+        """Store a small blob; skip the write when this process already stored that content
+        (empty logs, identical outputs repeat across thousands of rollouts)."""
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        if digest not in self._stored:
+            self.blobs.put(data)
+            self._stored.add(digest)
+        return BlobRef(name=name, digest=digest, size=len(data), truncated=truncated)
 
     def lineage(self, digest: str) -> list[str]:
         """``digest`` and its parents (self first)."""
@@ -396,15 +407,15 @@ class RolloutRunner:
             rec.exit_codes = {**rec.exit_codes, "agent": outcome.exit_code}
         if outcome.stdout or outcome.exit_code is not None:
             data = outcome.stdout.encode()
-            rec.stdout = self.blobs.ref("agent.stdout", data, truncated=len(data) >= cap)
+            rec.stdout = self._ref("agent.stdout", data, truncated=len(data) >= cap)
         if outcome.stderr or outcome.exit_code is not None:
             data = outcome.stderr.encode()
-            rec.stderr = self.blobs.ref("agent.stderr", data, truncated=len(data) >= cap)
+            rec.stderr = self._ref("agent.stderr", data, truncated=len(data) >= cap)
         if outcome.trajectory is not None:
             import json
 
             data = json.dumps(outcome.trajectory, sort_keys=True).encode()
-            rec.trajectory = self.blobs.ref("trajectory.json", data)
+            rec.trajectory = self._ref("trajectory.json", data)
         rec.agent_timed_out = outcome.timed_out
         if outcome.error:
             rec.error = outcome.error
@@ -431,8 +442,8 @@ class RolloutRunner:
             out, err = exc.stdout, exc.stderr
             outcome.error = f"verifier timed out after {task.verifier.timeout_sec:g}s"
         outcome.duration_s = time.perf_counter() - started
-        outcome.stdout = self.blobs.ref("verifier.stdout", out.encode())
-        outcome.stderr = self.blobs.ref("verifier.stderr", err.encode())
+        outcome.stdout = self._ref("verifier.stdout", out.encode())
+        outcome.stderr = self._ref("verifier.stderr", err.encode())
         if outcome.error is None:
             txt = await self._read_optional(sbx, REWARD_TXT)
             js = await self._read_optional(sbx, REWARD_JSON)
