@@ -179,6 +179,10 @@ class AuditContext:
     """Shared sandbox B: plain."""
     a_env_token: str = ""
     a_secret_token: str = ""
+    created_ids: set[str] = field(default_factory=set)
+    """Every sandbox the audit created (the scope of its leak check)."""
+    own_resources: list[str] = field(default_factory=list)
+    """Host resources the audit itself made (netns, veth, canary dir), as paths to check."""
     _servers: list[Any] = field(default_factory=list)
     _abstract_sock: socket.socket | None = None
     capabilities: Any = None
@@ -217,6 +221,7 @@ class AuditContext:
             home=self.home,
         )
         self.sandboxes.append(sbx)
+        self.created_ids.add(sbx.id)
         return sbx
 
     async def py(
@@ -255,6 +260,7 @@ class AuditContext:
         """Start the host-side canaries and the netns server."""
         self.canary_dir = Path("/var/tmp") / f"rbx-audit-{self.home.tag}-{secrets.token_hex(4)}"
         self.canary_dir.mkdir(parents=True, exist_ok=False)
+        self.own_resources.append(str(self.canary_dir))
         self.canary_token = token("hostfile")
         self.canary_file = self.canary_dir / "host-secret.txt"
         self.canary_file.write_text(self.canary_token + "\n")
@@ -295,6 +301,10 @@ class AuditContext:
         self._servers.append(usrv)
         try:
             self.netns = await asyncio.to_thread(NetnsServer.start, self.home.tag[:8])
+            self.own_resources += [
+                f"/run/netns/{self.netns.netns}",
+                f"/sys/class/net/{self.netns.host_if}",
+            ]
         except (ProbeError, OSError) as exc:
             self.netns_error = str(exc)
 

@@ -26,21 +26,46 @@ def _proc_status(key: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+def _others(ctx: AuditContext) -> set[str]:
+    """Live sandboxes of this home that the audit did not make (other users of the home)."""
+    try:
+        return {d for d in os.listdir(ctx.home.sandboxes) if d not in ctx.created_ids}
+    except FileNotFoundError:
+        return set()
+
+
 def gauges(ctx: AuditContext) -> dict[str, float]:
-    """What must not grow: this home's mounts, cgroups, netns, and the orchestrator's fds,
+    """What must not grow: this home's mounts, cgroups and netns (those of sandboxes that
+    other users of the home have alive right now excluded), and the orchestrator's fds,
     RSS and threads."""
     root, tag = str(ctx.home.root), ctx.home.tag
+    others = _others(ctx)
+    other_net: set[str] = set()
+    try:
+        from rollbox.backends.common import network as net
+
+        other_net = {net.netns_name(tag, i) for i in others}
+    except ImportError:
+        pass
+
+    def foreign(text: str) -> bool:
+        return any(o in text for o in others)
+
     with open("/proc/self/mountinfo") as f:
-        mounts = sum(1 for ln in f if root in ln)
+        mounts = sum(1 for ln in f if root in ln and not foreign(ln))
     cgroups = 0
     for ctrl in Path("/sys/fs/cgroup").iterdir():
         try:
             for dirpath, dirs, _files in os.walk(ctrl):
-                cgroups += sum(1 for d in dirs if tag in d or tag in dirpath)
+                cgroups += sum(
+                    1
+                    for d in dirs
+                    if (tag in d or tag in dirpath) and not foreign(os.path.join(dirpath, d))
+                )
         except OSError:
             continue
     try:
-        netns = sum(1 for n in os.listdir("/run/netns") if tag in n)
+        netns = sum(1 for n in os.listdir("/run/netns") if tag in n and n not in other_net)
     except FileNotFoundError:
         netns = 0
     return {
@@ -60,6 +85,7 @@ async def _cycle(ctx: AuditContext) -> None:
         limits=Limits(memory_mb=128, disk_mb=64, pids=64),
         home=ctx.home,
     )
+    ctx.created_ids.add(sbx.id)
     try:
         r = await sbx.exec(["true"])
         if r.exit_code != 0:
@@ -78,6 +104,7 @@ async def residue(ctx: AuditContext) -> Outcome:
     for _ in range(warm):
         await _cycle(ctx)
     host_before = await asyncio.to_thread(capture, ctx.home)
+    known = set(ctx.created_ids)
     g0 = gauges(ctx)
     mid: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -88,7 +115,7 @@ async def residue(ctx: AuditContext) -> Outcome:
     elapsed = time.perf_counter() - t0
     g1 = gauges(ctx)
     host_after = await asyncio.to_thread(capture, ctx.home)
-    leaks = scoped_leaks(host_before, host_after, ctx.home)
+    leaks = scoped_leaks(host_before, host_after, ctx.home, ctx.created_ids - known)
     breaches = []
     for k in ("mounts", "cgroups", "netns"):
         if g1[k] > g0[k]:

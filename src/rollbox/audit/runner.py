@@ -110,7 +110,10 @@ async def run_audit(
     finally:
         await ctx.close()
     after = await asyncio.to_thread(capture, home)
-    leaks = scoped_leaks(before, after, home)
+    leaks = scoped_leaks(before, after, home, ctx.created_ids)
+    own = [p for p in ctx.own_resources if Path(p).exists()]
+    if own:
+        leaks["audit_own"] = own
     return AuditReport(
         backend=backend,
         backend_version=be.version(),

@@ -85,11 +85,6 @@ def register(app: typer.Typer) -> None:
         wl = parse_workload(workload)
         home = Home.from_env().ensure()
         cfg_baseline, layer_dirs = _resolve_baseline(home, baseline)
-        task_runner = None
-        if wl.kind == "task":
-            from rollbox.pilot.tasks import make_task_runner
-
-            task_runner = make_task_runner(wl, home)
         cfg = PilotConfig(
             backends=backends,
             workload=wl,
@@ -101,7 +96,6 @@ def register(app: typer.Typer) -> None:
             retries=retries,
             raw_samples=raw_samples,
             limits=Limits(memory_mb=256, disk_mb=256),
-            task_runner=task_runner,
         )
         progress = None if json_ else (lambda m: err_console.print(f"[dim]{m}[/dim]"))
         report = asyncio.run(run_pilot(cfg, progress))

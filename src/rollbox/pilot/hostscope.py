@@ -1,14 +1,16 @@
-"""Host-state comparisons scoped to one rollbox home.
+"""Host-state comparisons scoped to the sandboxes one pilot or audit made.
 
-Other homes' sandboxes (other users, other test runs) may come and go on the same host
-while a pilot or audit runs, so a raw :meth:`HostState.diff` can show resources that are
-not ours. A resource is *ours* when its name carries the home's tag (cgroups, netns, veths,
-iptables chains), its path lies under the home (mounts, sandbox dirs) or, for processes,
-its command line names the home or the tag.
+Other processes — other homes, and other users of the *same* home (tests share one) — may
+create and destroy sandboxes while a pilot or audit runs, so a raw :meth:`HostState.diff`
+shows resources that are not ours. With ``ids`` (the sandboxes we created), a resource is
+ours when its name or path carries one of those ids, or is one of the network names derived
+from them (netns, veth, iptables chain), or, for a process, its command line names one.
+Without ``ids`` the scope is the whole home: its tag in names, its root in paths.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from rollbox.config import Home
@@ -17,35 +19,57 @@ from rollbox.hoststate import HostState
 
 def _cmdline(pid: str) -> str:
     try:
-        return (
-            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        )
+        data = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return data.replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
 
 
-def _ours(kind: str, item: str, home: Home) -> bool:
-    root = str(home.root)
-    tag = home.tag
-    if kind == "sandbox_dirs":
-        return True
-    if kind == "mounts":
-        return root in item or tag in item
+def _network_names(home: Home, ids: Iterable[str]) -> set[str]:
+    try:
+        from rollbox.backends.common import network as net
+    except ImportError:
+        return set()
+    out: set[str] = set()
+    for i in ids:
+        out |= {
+            net.netns_name(home.tag, i),
+            net.host_if_name(home.tag, i),
+            net.chain_name(home.tag, i),
+        }
+    return out
+
+
+def _ours(kind: str, item: str, home: Home, marks: list[str], names: set[str]) -> bool:
     if kind == "processes":
-        pid = item.split(" ", 1)[0]
-        text = _cmdline(pid)
-        if not text:  # gone meanwhile: it did not survive, so it did not leak
-            return False
-        return root in text or tag in text
-    # cgroups, netns, links, chains: named with the tag (veth names are short: prefix of it)
-    return tag in item or tag[:6] in item
+        text = _cmdline(item.split(" ", 1)[0])
+        # gone meanwhile: it did not survive, so it did not leak
+        return bool(text) and any(m in text for m in marks)
+    if kind in ("netns", "links", "chains") and item in names:
+        return True
+    return any(m in item for m in marks)
 
 
-def scoped_leaks(before: HostState, after: HostState, home: Home) -> dict[str, list[str]]:
-    """Resources of ``home`` present in ``after`` and not in ``before``, by kind."""
+def scoped_leaks(
+    before: HostState, after: HostState, home: Home, ids: Iterable[str] | None = None
+) -> dict[str, list[str]]:
+    """Resources in ``after`` and not in ``before`` that belong to ``ids`` (our sandboxes)
+    or, when ``ids`` is None, to ``home``; by kind."""
+    id_list = sorted(set(ids)) if ids is not None else None
+    if id_list is None:
+        marks = [str(home.root), home.tag]
+        names: set[str] = set()
+    else:
+        marks = id_list
+        names = _network_names(home, id_list)
     out: dict[str, list[str]] = {}
+    if id_list is not None and not id_list:
+        return out
     for kind, items in before.diff(after).items():
-        mine = [x for x in items if _ours(kind, x, home)]
+        if kind == "sandbox_dirs" and id_list is None:
+            mine = list(items)
+        else:
+            mine = [x for x in items if _ours(kind, x, home, marks, names)]
         if mine:
             out[kind] = mine
     return out

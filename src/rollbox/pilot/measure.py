@@ -59,10 +59,6 @@ async def _default_factory(baseline: str, backend: str, limits: Limits, home: Ho
     return await AsyncSandbox.create(baseline, backend=backend, limits=limits, home=home)
 
 
-TaskRunner = Callable[[str, int], Awaitable[RolloutSample]]
-"""``(backend, index) -> sample`` for Harbor task workloads (the rollout runner)."""
-
-
 @dataclass
 class PilotConfig:
     """What to pilot."""
@@ -80,7 +76,6 @@ class PilotConfig:
     raw_samples: int = 30
     limits: Limits = field(default_factory=lambda: Limits(memory_mb=256, disk_mb=256))
     factory: SandboxFactory = _default_factory
-    task_runner: TaskRunner | None = None
 
 
 def _err_line(exc: BaseException) -> str:
@@ -89,17 +84,12 @@ def _err_line(exc: BaseException) -> str:
 
 
 async def _one_rollout(
-    cfg: PilotConfig, backend: str, index: int, sem: asyncio.Semaphore
+    cfg: PilotConfig, backend: str, index: int, sem: asyncio.Semaphore, created: set[str]
 ) -> RolloutSample:
     t_submit = time.perf_counter()
     async with sem:
         t_slot = time.perf_counter()
         queue_s = t_slot - t_submit
-        if cfg.task_runner is not None:
-            sample = await cfg.task_runner(backend, index)
-            return sample.model_copy(
-                update={"queue_s": queue_s, "total_s": time.perf_counter() - t_submit}
-            )
         errors: list[str] = []
         sbx: SandboxLike | None = None
         provision_s: float | None = None
@@ -110,6 +100,9 @@ async def _one_rollout(
             cand: SandboxLike | None = None
             try:
                 cand = await cfg.factory(cfg.baseline, backend, cfg.limits, cfg.home)
+                sid = getattr(cand, "id", None)
+                if isinstance(sid, str):
+                    created.add(sid)
                 first = await cand.exec(["true"], timeout=60)
                 if first.exit_code != 0:
                     raise BackendError(f"first exec of true exited {first.exit_code}")
@@ -197,26 +190,38 @@ async def _raw_timing(cfg: PilotConfig, backend: str, concurrency: int) -> RawTi
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-async def run_level(cfg: PilotConfig, backend: str, concurrency: int) -> LevelResult:
-    """Run one concurrency level of one backend."""
-    raw_timing = await _raw_timing(cfg, backend, concurrency)
-    before = await asyncio.to_thread(capture, cfg.home)
+async def _builtin_level(
+    cfg: PilotConfig, backend: str, concurrency: int, created: set[str]
+) -> tuple[list[RolloutSample], float]:
     sem = asyncio.Semaphore(concurrency)
     t0 = time.perf_counter()
     try:
         async with asyncio.TaskGroup() as tg:
             tasks = [
-                tg.create_task(_one_rollout(cfg, backend, i, sem)) for i in range(cfg.rollouts)
+                tg.create_task(_one_rollout(cfg, backend, i, sem, created))
+                for i in range(cfg.rollouts)
             ]
     except BaseExceptionGroup as group:  # surface the user's error as itself, not a group
         first = group.exceptions[0]
         while isinstance(first, BaseExceptionGroup):
             first = first.exceptions[0]
         raise first from None
-    wall = time.perf_counter() - t0
-    samples = [t.result() for t in tasks]
+    return [t.result() for t in tasks], time.perf_counter() - t0
+
+
+async def run_level(cfg: PilotConfig, backend: str, concurrency: int) -> LevelResult:
+    """Run one concurrency level of one backend."""
+    raw_timing = await _raw_timing(cfg, backend, concurrency)
+    before = await asyncio.to_thread(capture, cfg.home)
+    created: set[str] = set()
+    if cfg.workload.kind == "task":
+        from rollbox.pilot.tasks import run_task_level
+
+        samples, wall = await run_task_level(cfg, backend, concurrency, created)
+    else:
+        samples, wall = await _builtin_level(cfg, backend, concurrency, created)
     after = await asyncio.to_thread(capture, cfg.home)
-    leaked = scoped_leaks(before, after, cfg.home)
+    leaked = scoped_leaks(before, after, cfg.home, created)
     host_new = {k: len(v) for k, v in before.diff(after).items()}
     started = [s for s in samples if s.provision_s is not None]
     completed = [s for s in samples if s.status == "completed"]
@@ -274,6 +279,10 @@ async def run_pilot(cfg: PilotConfig, progress: Progress | None = None) -> Pilot
         InvalidInputError: bad input met while starting (unknown backend, baseline...).
     """
     say = progress or (lambda _m: None)
+    if cfg.workload.kind == "task":
+        from rollbox.rollouts.tasks import load_task
+
+        load_task(cfg.workload.task_dir or "")  # a malformed task: one line, exit 2
     started = utcnow()
     results: list[BackendResult] = []
     for backend in cfg.backends:

@@ -14,7 +14,6 @@ from rollbox.audit.runner import probe_names
 from rollbox.backends.registry import get_backend
 from rollbox.config import Home
 from rollbox.errors import BackendUnavailableError
-from rollbox.pilot.hostscope import capture, scoped_leaks
 
 pytestmark = [pytest.mark.root]
 
@@ -39,7 +38,6 @@ def _need(backend: str, home: Home) -> None:
 @pytest.mark.parametrize("backend", ["namespace", "gvisor"])
 def test_audit_names_every_probe_and_finds_no_breach(shared_home: Home, backend: str) -> None:
     _need(backend, shared_home)
-    before = capture(shared_home)
     r = _run(shared_home, "audit", "--backend", backend, "--cycles", "5", "--json")
     doc = json.loads(r.stdout)
     assert doc["kind"] == "rollbox-audit" and doc["backend"] == backend
@@ -52,7 +50,6 @@ def test_audit_names_every_probe_and_finds_no_breach(shared_home: Home, backend:
     assert not errors, errors
     assert doc["host_leaks"] == {}
     assert r.returncode == 0
-    assert not scoped_leaks(before, capture(shared_home), shared_home)
 
 
 @pytest.mark.slow

@@ -128,7 +128,10 @@ def test_leaked_sandbox_dir_is_reported(home: Home) -> None:
     class Leaky(FakeFactory):
         async def __call__(self, *a: object) -> SandboxLike:  # type: ignore[override]
             sbx = await super().__call__(*a)  # type: ignore[arg-type]
-            (home.sandboxes / f"sbx-leak{self.calls}").mkdir(parents=True, exist_ok=True)
+            sbx.id = f"sbx-leak{self.calls}"  # type: ignore[attr-defined]
+            (home.sandboxes / sbx.id).mkdir(parents=True, exist_ok=True)  # type: ignore[attr-defined]
+            # a sandbox of someone else using the same home: not ours, not a leak of ours
+            (home.sandboxes / f"sbx-other{self.calls}").mkdir(parents=True, exist_ok=True)
             return sbx
 
     rep = asyncio.run(run_pilot(_cfg(home, Leaky(), rollouts=2, concurrency=[1])))
