@@ -45,6 +45,10 @@ class BlobStore:
         self.home = home
         self.root = home.blobs / "sha256"
         self._tmp = home.tmp
+        # digest -> (inode, size, mtime_ns) of files this process wrote or fully re-hashed;
+        # lets ``check`` skip re-reading a blob whose file is untouched since (``verify``
+        # and ``hash_of`` always re-read).
+        self._known: dict[str, tuple[int, int, int]] = {}
 
     def path(self, digest: str) -> Path:
         """Where the blob with ``digest`` lives (whether or not it exists)."""
@@ -55,11 +59,19 @@ class BlobStore:
         """True when the blob is stored."""
         return self.path(digest).is_file()
 
+    def _remember(self, digest: str) -> None:
+        try:
+            st = self.path(digest).stat()
+        except FileNotFoundError:
+            return
+        self._known[digest] = (st.st_ino, st.st_size, st.st_mtime_ns)
+
     def _install(self, tmp: Path, digest: str) -> None:
         dest = self.path(digest)
-        if dest.is_file():
+        if dest.is_file() and self.verify(digest):
             tmp.unlink(missing_ok=True)
             return
+        # new, or a damaged copy that the fresh content repairs
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(tmp, 0o444)
         try:
@@ -82,7 +94,7 @@ class BlobStore:
     def put(self, data: bytes) -> str:
         """Store ``data``; return its digest ``sha256:<hex>`` (idempotent)."""
         digest = sha256_digest(data)
-        if self.has(digest):
+        if self.has(digest) and self.verify(digest):
             return digest
         fd, tmp = self._tmpfile()
         try:
@@ -92,6 +104,7 @@ class BlobStore:
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise StoreError(f"cannot write blob {digest}: {exc}") from exc
+        self._remember(digest)
         return digest
 
     def put_file(self, path: Path | str) -> str:
@@ -108,6 +121,7 @@ class BlobStore:
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             raise StoreError(f"cannot store {path} as a blob: {exc}") from exc
+        self._remember(digest)
         return digest
 
     def ref(self, name: str, data: bytes, *, truncated: bool = False) -> BlobRef:
@@ -139,14 +153,31 @@ class BlobStore:
                     h.update(chunk)
         except FileNotFoundError:
             return None
-        return "sha256:" + h.hexdigest()
+        actual = "sha256:" + h.hexdigest()
+        if actual == digest:
+            self._remember(digest)
+        else:
+            self._known.pop(digest, None)
+        return actual
 
     def verify(self, digest: str) -> bool:
         """True when the blob exists and its content still hashes to ``digest``."""
         return self.hash_of(digest) == digest
 
     def check(self, digest: str) -> None:
-        """Raise ``CorruptionError`` unless the blob exists with the right content."""
+        """Raise ``CorruptionError`` unless the blob exists with the right content.
+
+        A blob this process wrote or re-hashed, whose file (inode, size, mtime) is unchanged
+        since, is not read again; any other is re-hashed.
+        """
+        known = self._known.get(digest)
+        if known is not None:
+            try:
+                st = self.path(digest).stat()
+                if (st.st_ino, st.st_size, st.st_mtime_ns) == known:
+                    return
+            except FileNotFoundError:
+                pass
         actual = self.hash_of(digest)
         if actual is None:
             raise CorruptionError(f"blob {digest} is missing", paths=[str(self.path(digest))])

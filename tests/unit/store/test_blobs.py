@@ -68,3 +68,18 @@ def test_concurrent_puts_of_same_and_different_content(blobs: BlobStore) -> None
     assert len(set(digests)) == 21
     assert all(blobs.verify(d) for d in digests)
     assert list(blobs.home.tmp.glob("blob-*")) == []
+
+
+def test_put_repairs_a_damaged_copy_and_check_notices_changes(blobs: BlobStore) -> None:
+    d = blobs.put(b"payload")
+    blobs.check(d)  # fast path: untouched since written
+    p = blobs.path(d)
+    p.chmod(0o644)
+    p.write_bytes(b"pAyload")
+    with pytest.raises(CorruptionError, match="modified"):
+        blobs.check(d)  # the file changed, so it is re-read
+    # a fresh store (another process) re-hashes too
+    with pytest.raises(CorruptionError):
+        BlobStore(blobs.home).check(d)
+    assert blobs.put(b"payload") == d
+    assert blobs.get(d) == b"payload" and BlobStore(blobs.home).verify(d)
