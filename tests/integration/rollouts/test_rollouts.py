@@ -184,3 +184,50 @@ def test_group_from_snapshot_shares_one_setup(runs: Runs) -> None:
     assert recs[0].baseline_lineage[:2] == [recs[0].baseline_digest, parent]
     assert all("setup" in _phases(r) for r in recs)
     assert len({r.sandbox_ids[0] for r in recs}) == 3
+
+
+def test_cmd_agent_sees_the_instruction_but_never_the_tests(runs: Runs) -> None:
+    t = runs.task(
+        "peek",
+        test="""
+        if [ "$(cat /tmp/out.txt)" = "instruction ok, no tests" ]; then echo 1; else echo 0; fi \\
+          > /logs/verifier/reward.txt
+        """,
+    )
+    cmd = (
+        'cmp -s <(printf "%s" "$ROLLBOX_INSTRUCTION") /task/instruction.md'
+        " && [ ! -e /tests ] && [ ! -e /solution ]"
+        ' && echo "instruction ok, no tests" > /tmp/out.txt'
+    )
+    _, (rec,) = runs.run([t], agent=f"cmd:bash -c '{cmd}'")
+    assert rec.status == "done", rec.error
+    assert rec.verifier is not None and rec.verifier.passed
+    assert "ROLLBOX_INSTRUCTION" in rec.env_names
+    assert rec.trajectory is not None  # a cmd agent's one step is kept too
+
+
+@pytest.mark.postgres
+def test_run_on_postgresql(runs: Runs) -> None:
+    import asyncio
+    import os
+
+    from rollbox.rollouts.runs import Run, RunOptions
+    from rollbox.store.metadata import MetaStore
+
+    from ..store.conftest import fresh_pg_database
+
+    base = os.environ.get("ROLLBOX_TEST_PG_URL")
+    if not base:
+        pytest.skip("ROLLBOX_TEST_PG_URL is not set (scripts/ci-services.sh starts PostgreSQL)")
+    t = runs.task("pg")
+    with fresh_pg_database(base) as url:
+        meta = MetaStore(url, home=runs.home)
+        r = Run(runs.home, meta, runs.blobs, RunOptions([str(t)], backend="namespace", attempts=2))
+        r.start_new()
+        result = asyncio.run(r.execute())
+        recs = meta.rollouts_of(result.run.id)
+        assert result.run.status == "done" and len(recs) == 2
+        assert all(x.status == "done" and x.verifier and x.verifier.passed for x in recs)
+        assert all(check(x, runs.blobs) == [] for x in recs)
+        assert meta.get_run(result.run.id).provenance_digest is not None
+        meta.close()
