@@ -32,7 +32,7 @@ def _with_names(store: BaselineStore, info: BaselineInfo, names: list[str]) -> B
 
 def mmdebstrap_command(recipe: Recipe, out: str, files_dir: str) -> list[str]:
     """The mmdebstrap command line that builds ``recipe`` into the tarball ``out``."""
-    cmd = ["mmdebstrap", f"--variant={recipe.variant}", "--format=tar", "--quiet"]
+    cmd = ["mmdebstrap", f"--variant={recipe.variant}", "--format=tar"]
     if recipe.packages:
         cmd.append("--include=" + ",".join(recipe.packages))
     for i, path in enumerate(recipe.files):
