@@ -338,6 +338,14 @@ static int serve(int lfd) {
         int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         if (c < 0) continue;
         pid_t s = fork();
+        if (s < 0) {
+            /* e.g. the pids limit is reached: tell the host instead of hanging up. */
+            char fb[5];
+            fb[0] = 'S';
+            int e = errno;
+            memcpy(fb + 1, &e, 4);
+            send_frame(c, 'F', fb, 5);
+        }
         if (s == 0) {
             close(lfd);
             session(c);

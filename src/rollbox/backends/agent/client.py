@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno as errno_mod
 import os
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from rollbox.backends.agent import protocol as p
 from rollbox.backends.agent.protocol import ExecRequest
-from rollbox.errors import SandboxCrashedError
+from rollbox.errors import SandboxCrashedError, SandboxStateError
 
 __all__ = ["AgentClient", "AgentExit", "ExecRequest"]
 
@@ -50,8 +51,9 @@ class AgentClient:
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         try:
-            return await asyncio.open_unix_connection(str(self.socket_path), limit=1 << 20)
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            with short_unix_path(self.socket_path) as path:
+                return await asyncio.open_unix_connection(path, limit=1 << 20)
+        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
             raise SandboxCrashedError(
                 f"the sandbox agent at {self.socket_path} is not reachable: {exc.strerror}"
             ) from None
@@ -89,6 +91,12 @@ class AgentClient:
         try:
             writer.write(p.encode_exec(req))
             kind, payload = await _read_frame(reader)
+            if kind == p.FAIL:
+                err = struct.unpack("<i", payload[1:5])[0]
+                raise SandboxStateError(
+                    f"the sandbox cannot start a process: {os.strerror(err)}",
+                    hint="its pids or memory limit is exhausted",
+                )
             if kind != p.PID:
                 raise SandboxCrashedError(f"sandbox agent answered {kind!r} instead of a pid")
             await on_pid(struct.unpack("<I", payload)[0])
@@ -119,6 +127,21 @@ class AgentClient:
             ) from None
         finally:
             writer.close()
+
+
+@contextlib.contextmanager
+def short_unix_path(path: Path) -> Iterator[str]:
+    """``path`` usable for ``bind``/``connect`` even when longer than the 108-byte
+    ``sun_path`` limit (through ``/proc/self/fd/N`` of its directory)."""
+    text = str(path)
+    if len(text) < 100:
+        yield text
+        return
+    fd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:

@@ -23,7 +23,7 @@ PONG = b"A"
 FLAG_STDIN = 1
 FLAG_USER = 2
 
-FAIL_STAGES = {b"C": "chdir", b"U": "user", b"E": "exec"}
+FAIL_STAGES = {b"C": "chdir", b"U": "user", b"E": "exec", b"S": "session"}
 
 
 @dataclass

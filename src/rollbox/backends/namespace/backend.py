@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rollbox.backends.agent.build import agent_binary
-from rollbox.backends.agent.client import AgentClient
+from rollbox.backends.agent.client import AgentClient, short_unix_path
 from rollbox.backends.agent.protocol import ExecRequest
 from rollbox.backends.base import Backend, OutputCallback, SandboxHandle
 from rollbox.backends.common.cgroups import Cgroup, remove_orphan_cgroups
@@ -202,6 +202,7 @@ class NamespaceBackend(Backend):
             layers = BaselineStore(self.home).layer_dirs(baseline.digest)
             Rootfs.mount(sdir, layers, spec.limits.disk_mb, upper_from=upper_from)
             cg = Cgroup.create(self.home.tag, sid, spec.limits)
+            _make_box(cg, spec.limits.pids)
             netns = "-"
             if spec.network.mode == "allow":
                 net = _network_module().setup_network(self.home.tag, sid, spec.network)
@@ -209,7 +210,8 @@ class NamespaceBackend(Backend):
                 netns = str(net.netns_path)
             sock_path = sdir / "run" / "agent.sock"
             lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            lsock.bind(str(sock_path))
+            with short_unix_path(sock_path) as bind_path:
+                lsock.bind(bind_path)
             lsock.listen(64)
             self._launch(sdir, spec, cg, netns, lsock.fileno())
             lsock.close()
@@ -367,6 +369,21 @@ class NamespaceBackend(Backend):
         return None
 
 
+BOX = "box"
+"""Sub-group (pids + freezer) holding every exec's own group; the sandbox's group keeps
+``PIDS_RESERVE`` pids more than the limit for the agent, so a fork bomb inside can never
+stop the agent from answering or killing."""
+PIDS_RESERVE = 16
+
+
+def _make_box(cg: Cgroup, pids: int | None) -> None:
+    for ctrl in ("pids", "freezer"):
+        (cg.paths[ctrl] / BOX).mkdir(exist_ok=True)
+    if pids is not None:
+        (cg.paths["pids"] / "pids.max").write_text(str(pids + PIDS_RESERVE))
+        (cg.paths["pids"] / BOX / "pids.max").write_text(str(pids))
+
+
 def _ping_sync(path: Path, timeout: float = 10.0) -> bool:
     """Ping the agent with a blocking socket (used from worker threads)."""
     from rollbox.backends.agent import protocol as p
@@ -375,7 +392,8 @@ def _ping_sync(path: Path, timeout: float = 10.0) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         try:
-            s.connect(str(path))
+            with short_unix_path(path) as short:
+                s.connect(short)
             s.sendall(p.frame(p.PING))
             data = b""
             while len(data) < p.HEADER.size and time.monotonic() < deadline:
@@ -511,7 +529,7 @@ class NamespaceSandbox(SandboxHandle):
         out = StreamCapture(cap, secret_values, on_stdout)
         err = StreamCapture(cap, secret_values, on_stderr)
         self._exec_seq += 1
-        xname = f"x{os.getpid()}-{self._exec_seq}-{time.monotonic_ns() % 1000000}"
+        xname = f"{BOX}/x{os.getpid()}-{self._exec_seq}-{time.monotonic_ns() % 1000000}"
         xcg = Cgroup(
             f"{self.cgroup.name}/{xname}",
             {c: self.cgroup.paths[c] / xname for c in ("pids", "freezer")},

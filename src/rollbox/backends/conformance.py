@@ -1,0 +1,442 @@
+"""The conformance suite every backend must pass (the tests parametrize it over backends).
+
+Each check is an ``async`` function taking a :class:`Harness` and raising
+``AssertionError`` with a message when the backend falls short. The harness creates
+sandboxes through the backend contract only (so the microVM backend can reuse every check)
+and destroys whatever a check left when :meth:`Harness.close` runs.
+
+Run one check from a test::
+
+    harness = Harness(backend, baseline)
+    try:
+        await CHECKS["file_isolation"](harness)
+    finally:
+        await harness.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import socket
+import stat
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from rollbox.backends.base import Backend, SandboxHandle
+from rollbox.config import Home
+from rollbox.errors import (
+    ExecTimeoutError,
+    NotFoundError,
+    PathEscapeError,
+    RollboxError,
+    SandboxStateError,
+)
+from rollbox.hoststate import HostState
+from rollbox.models import BaselineInfo, Limits, SandboxSpec
+
+
+def check(cond: object, message: str) -> None:
+    """``assert`` that survives ``python -O``."""
+    if not cond:
+        raise AssertionError(message)
+
+
+def scoped_diff(before: HostState, after: HostState, home: Home) -> dict[str, list[str]]:
+    """Leaks between two host states that belong to ``home`` (other homes' sandboxes,
+    made concurrently by other processes, are ignored)."""
+    marks = (home.tag, str(home.root))
+    out: dict[str, list[str]] = {}
+    for kind, items in before.diff(after).items():
+        if kind == "processes":
+            mine = [i for i in items if _proc_in_home(int(i.split()[0]), home.tag)]
+        elif kind == "sandbox_dirs":
+            mine = list(items)
+        else:
+            mine = [i for i in items if any(m in i for m in marks)]
+        if mine:
+            out[kind] = mine
+    return out
+
+
+def _proc_in_home(pid: int, tag: str) -> bool:
+    try:
+        return f"rollbox-{tag}" in Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return False
+
+
+class Harness:
+    """Creates sandboxes of one backend from one baseline, and reaps them all at the end."""
+
+    def __init__(self, backend: Backend, baseline: BaselineInfo) -> None:
+        self.backend = backend
+        self.baseline = baseline
+        self.home = backend.home
+        self.made: list[SandboxHandle] = []
+
+    async def create(self, **kwargs: object) -> SandboxHandle:
+        """A new sandbox; ``kwargs`` are :class:`SandboxSpec` fields."""
+        spec = SandboxSpec(baseline=self.baseline.digest, backend=self.backend.name, **kwargs)  # type: ignore[arg-type]
+        self.backend.check(spec)
+        self.backend.prepare()
+        h = await self.backend.create(spec, self.baseline)
+        self.made.append(h)
+        return h
+
+    def track(self, handles: list[SandboxHandle]) -> list[SandboxHandle]:
+        """Reap these too at :meth:`close`."""
+        self.made.extend(handles)
+        return handles
+
+    def layer_dirs(self, digest: str | None = None) -> list[Path]:
+        """The unpacked layer directories of a baseline (default: the harness's)."""
+        from rollbox.baselines.store import BaselineStore
+
+        return BaselineStore(self.home).layer_dirs(digest or self.baseline.digest)
+
+    async def close(self) -> None:
+        """Destroy every sandbox made through this harness."""
+        for h in self.made:
+            with contextlib.suppress(RollboxError):
+                await h.destroy()
+        self.made.clear()
+
+
+async def sh(h: SandboxHandle, script: str, **kwargs: object) -> str:
+    """Run ``script`` with ``/bin/sh -c`` and return stdout; fail on a non-zero exit."""
+    r = await h.exec(script, **kwargs)  # type: ignore[arg-type]
+    check(r.exit_code == 0, f"{script!r} exited {r.exit_code}: {r.stderr.strip()[-300:]}")
+    return r.stdout
+
+
+# --------------------------------------------------------------------------- checks
+
+
+async def exec_basics(t: Harness) -> None:
+    """exit code, stdout/stderr, stdin, cwd, env, user, streaming, output cap."""
+    h = await t.create(env={"SPEC_VAR": "spec"}, limits=Limits(output_bytes=1000))
+    r = await h.exec(["/bin/sh", "-c", "echo out; echo err >&2; exit 7"])
+    check((r.exit_code, r.stdout, r.stderr) == (7, "out\n", "err\n"), f"basic exec: {r}")
+    r = await h.exec(["cat"], stdin=b"from stdin")
+    check(r.stdout == "from stdin", f"stdin not passed: {r.stdout!r}")
+    r = await h.exec("pwd; echo $SPEC_VAR $EXEC_VAR", cwd="/tmp", env={"EXEC_VAR": "x"})
+    check(r.stdout == "/tmp\nspec x\n", f"cwd/env: {r.stdout!r}")
+    r = await h.exec(["id", "-u"], user="1000")
+    check(r.stdout.strip() == "1000", f"user: {r.stdout!r}")
+    chunks: list[str] = []
+    r = await h.exec("echo a; sleep 0.1; echo b", on_stdout=chunks.append)
+    check("".join(chunks) == "a\nb\n" and r.stdout == "a\nb\n", f"streaming: {chunks}")
+    r = await h.exec("head -c 5000 /dev/zero | tr '\\0' x")
+    check(r.truncated and len(r.stdout) == 1000, f"cap: {len(r.stdout)} {r.truncated}")
+    r = await h.exec(["/no/such/program"])
+    check(r.exit_code == 127, f"missing program exit {r.exit_code}")
+    r = await h.exec("kill -9 $$")
+    check(r.exit_code == 137, f"signal exit {r.exit_code}")
+
+
+async def file_isolation(t: Harness) -> None:
+    """A file written in A is invisible to B and to the baseline layers."""
+    a, b = await t.create(), await t.create()
+    name = f"/tmp/iso-{uuid.uuid4().hex}"
+    await sh(a, f"echo secret > {name}")
+    await a.write_file(name + "-api", "via api")
+    r = await b.exec(["test", "-e", name])
+    check(r.exit_code == 1, "B sees A's file")
+    for d in t.layer_dirs():
+        check(not (d / name.lstrip("/")).exists(), f"A's file reached layer {d}")
+    with contextlib.suppress(NotFoundError):
+        await b.read_file(name + "-api")
+        raise AssertionError("B reads A's file through the files API")
+
+
+async def process_isolation(t: Harness) -> None:
+    """A's processes are neither visible nor signallable from B."""
+    a, b = await t.create(), await t.create()
+    marker = f"iso{uuid.uuid4().hex[:8]}"
+    await sh(a, f"cp /bin/sleep /tmp/{marker}; setsid /tmp/{marker} 300 >/dev/null 2>&1 &")
+    seen = await sh(a, "cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+    check(marker in seen, "A cannot see its own process")
+    seen_b = await sh(b, "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
+    check(marker not in seen_b, "B sees A's process")
+    host_pids = [
+        int(d.name)
+        for d in Path("/proc").iterdir()
+        if d.name.isdigit() and _cmdline(int(d.name)).startswith(f"/tmp/{marker}")
+    ]
+    check(host_pids, "cannot find A's process on the host")
+    # B signals A's host pid (meaningless in B's pid namespace) and every pid it can see
+    # except its agent; it may well kill its own shell doing so.
+    await b.exec(f"kill -9 {host_pids[0]}")
+    await b.exec(
+        "for p in /proc/[0-9]*; do p=${p#/proc/}; "
+        "case \"$(tr '\\0' ' ' < /proc/$p/cmdline 2>/dev/null)\" in *rollbox/agent*) ;; "
+        "*) kill -9 $p 2>/dev/null;; esac; done"
+    )
+    seen = await sh(a, "cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+    check(marker in seen, "B killed A's process")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+async def env_secret_isolation(t: Harness) -> None:
+    """A's env and secrets are absent from B; secrets are masked in captured output."""
+    a = await t.create(env={"A_ONLY": "alpha"})
+    b = await t.create()
+    secret = f"s3cr3t-{uuid.uuid4().hex}"
+    r = await a.exec("echo $A_ONLY $TOKEN", secrets={"TOKEN": secret})
+    check(r.stdout == "alpha ***\n", f"secret not masked: {r.stdout!r}")
+    streamed: list[str] = []
+    await a.exec(
+        ["sh", "-c", "printf %s $TOKEN"], secrets={"TOKEN": secret}, on_stdout=streamed.append
+    )
+    check(secret not in "".join(streamed), "secret leaked through streaming")
+    r = await b.exec("env")
+    check("alpha" not in r.stdout and secret not in r.stdout, "B sees A's env or secret")
+    # Nothing under the sandboxes' host dirs (state, logs, upper dirs) holds the secret.
+    for dirpath, dirs, files in os.walk(t.home.sandboxes):
+        if "rootfs" in dirs:
+            dirs.remove("rootfs")  # the overlay view: its writes are in upperfs/upper
+        for f in files:
+            p = Path(dirpath, f)
+            with contextlib.suppress(OSError):
+                st = p.lstat()
+                if stat.S_ISREG(st.st_mode) and st.st_size < 1 << 20:
+                    check(secret.encode() not in p.read_bytes(), f"secret written to {p}")
+
+
+async def no_host_files(t: Harness) -> None:
+    """Host files outside the baseline are not visible inside."""
+    marker = Path(f"/tmp/rollbox-host-marker-{uuid.uuid4().hex}")
+    marker.write_text("host only")
+    try:
+        h = await t.create()
+        r = await h.exec(["test", "-e", str(marker)])
+        check(r.exit_code == 1, "a host file is visible inside")
+        r = await h.exec(["test", "-e", str(t.home.root)])
+        check(r.exit_code == 1, "the rollbox home is visible inside")
+    finally:
+        marker.unlink()
+
+
+async def baseline_untouched(t: Harness) -> None:
+    """Writes, deletes and overwrites inside never reach the baseline layers."""
+    before = _tree_digest(t.layer_dirs())
+    h = await t.create()
+    await sh(
+        h, "echo changed > /etc/hostname; rm -f /etc/issue; mkdir -p /opt/new; touch /opt/new/f"
+    )
+    await h.write_file("/etc/motd", "overwritten")
+    check(_tree_digest(t.layer_dirs()) == before, "the baseline layers changed")
+
+
+def _tree_digest(dirs: list[Path]) -> str:
+    h = hashlib.sha256()
+    for d in dirs:
+        for sub in ("etc", "opt"):
+            for dirpath, dirnames, files in os.walk(d / sub):
+                dirnames.sort()
+                for f in sorted(files):
+                    p = Path(dirpath, f)
+                    st = p.lstat()
+                    h.update(f"{p}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+async def path_escapes(t: Harness) -> None:
+    """`..`, absolute symlinks and escaping relative symlinks are refused by the files API."""
+    h = await t.create()
+    await sh(
+        h, "ln -s /etc/shadow /tmp/abs; ln -s ../../../../../../etc /tmp/rel; ln -s / /tmp/root"
+    )
+    for path in (
+        "/../etc/passwd",
+        "../../etc/passwd",
+        "/tmp/abs",
+        "/tmp/rel/passwd",
+        "/tmp/root/etc/passwd",
+    ):
+        try:
+            await h.read_file(path)
+        except PathEscapeError:
+            continue
+        raise AssertionError(f"read of {path!r} was not refused")
+    try:
+        await h.write_file("/tmp/rel/evil", "x")
+    except PathEscapeError:
+        pass
+    else:
+        raise AssertionError("write through an escaping symlink was not refused")
+    check(await h.read_file("/etc/hostname") != b"", "a normal read failed")
+
+
+async def fork_bomb(t: Harness) -> None:
+    """A fork bomb is held by the pids limit; the sandbox and host stay usable."""
+    h = await t.create(limits=Limits(pids=64))
+    with contextlib.suppress(ExecTimeoutError):
+        await h.exec("b() { b | b & }; b", timeout=3)
+    r = await h.exec(["echo", "alive"], timeout=10)
+    check(r.stdout == "alive\n", "sandbox unusable after the fork bomb")
+
+
+async def memory_hog(t: Harness) -> None:
+    """A memory hog is OOM-killed inside and reported; the sandbox survives."""
+    h = await t.create(limits=Limits(memory_mb=64))
+    r = await h.exec(["python3", "-c", "a = bytearray(400 << 20); print(len(a))"], timeout=60)
+    check(r.exit_code != 0 and r.oom_killed, f"hog not OOM-killed: {r}")
+    r = await h.exec(["echo", "alive"])
+    check(r.stdout == "alive\n", "sandbox died with the hog")
+
+
+async def disk_filler(t: Harness) -> None:
+    """Writing past the disk limit fails inside with ENOSPC."""
+    h = await t.create(limits=Limits(disk_mb=16))
+    r = await h.exec("dd if=/dev/zero of=/tmp/big bs=1M count=64", timeout=60)
+    check(r.exit_code != 0 and "No space left" in r.stderr, f"disk not limited: {r}")
+    r = await h.exec("du -sm /tmp/big | cut -f1")
+    check(int(r.stdout.strip() or 0) <= 16, f"wrote {r.stdout.strip()} MB past a 16 MB limit")
+
+
+async def timeout_no_survivors(t: Harness) -> None:
+    """A timed-out exec's whole tree dies, setsid daemons included."""
+    h = await t.create()
+    try:
+        await h.exec("setsid sleep 301 & (sleep 302 &) ; sleep 303", timeout=1)
+    except ExecTimeoutError:
+        pass
+    else:
+        raise AssertionError("no ExecTimeoutError")
+    r = await h.exec("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
+    check(not any(f"sleep 30{i}" in r.stdout for i in (1, 2, 3)), f"survivors: {r.stdout}")
+
+
+async def network_none(t: Harness) -> None:
+    """With network ``none`` only ``lo`` exists, no route, and the host's own loopback
+    server (made by this check) is unreachable."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    try:
+        h = await t.create()
+        ifaces = (
+            await sh(h, "ls /sys/class/net 2>/dev/null || cut -d: -f1 /proc/net/dev | tail -n +3")
+        ).split()
+        check([i.strip() for i in ifaces] == ["lo"], f"interfaces inside: {ifaces}")
+        routes = (await sh(h, "tail -n +2 /proc/net/route")).strip()
+        check(routes == "", f"routes inside: {routes}")
+        code = (
+            "import socket,sys\n"
+            "s=socket.socket(); s.settimeout(2)\n"
+            f"try: s.connect(('127.0.0.1',{port})); print('connected')\n"
+            "except OSError as e: print('refused', e)\n"
+        )
+        r = await h.exec(["python3", "-c", code], timeout=20)
+        check(r.stdout.startswith("refused"), f"host loopback reachable: {r.stdout}")
+    finally:
+        srv.close()
+
+
+async def no_leftovers(t: Harness) -> None:
+    """After destroy the host has no mount, cgroup, netns, veth, chain, process or dir left."""
+    before = HostState.capture(t.home.sandboxes)
+    h = await t.create()
+    await sh(h, "setsid sleep 300 >/dev/null 2>&1 & echo x > /tmp/x")
+    await h.destroy()
+    await h.destroy()  # idempotent
+    t.made.remove(h)
+    after = HostState.capture(t.home.sandboxes)
+    leaks = scoped_diff(before, after, t.home)
+    check(not leaks, f"leftovers after destroy: {leaks}")
+    try:
+        await h.exec(["true"])
+    except SandboxStateError:
+        pass
+    else:
+        raise AssertionError("exec on a destroyed sandbox did not fail")
+
+
+async def pause_resume(t: Harness) -> None:
+    """A paused sandbox runs nothing and refuses exec until resumed."""
+    h = await t.create()
+    await h.pause()
+    try:
+        await h.exec(["true"])
+    except SandboxStateError:
+        pass
+    else:
+        raise AssertionError("exec on a paused sandbox did not fail")
+    await h.resume()
+    check((await h.exec(["true"])).exit_code == 0, "exec after resume failed")
+
+
+async def snapshot_and_fork(t: Harness) -> None:
+    """Snapshot and fork children see the parent's files, then diverge independently."""
+    parent = await t.create()
+    await sh(parent, "echo v1 > /root/state; rm -f /etc/issue")
+    digest = await parent.snapshot(name=f"conformance/{uuid.uuid4().hex[:8]}")
+    check(digest != t.baseline.digest, "snapshot returned the parent digest")
+    from rollbox.baselines.store import BaselineStore
+
+    snap = BaselineStore(t.home).resolve(digest)
+    check(snap.parent == t.baseline.digest, "snapshot does not record its parent")
+    child = await Harness(t.backend, snap).create()
+    t.made.append(child)
+    check(
+        await sh(child, "cat /root/state; test ! -e /etc/issue && echo gone") == "v1\ngone\n",
+        "snapshot child",
+    )
+    forks = t.track(await parent.fork(2))
+    check(len(forks) == 2, "fork(2) did not give 2 sandboxes")
+    for f in forks:
+        check(await sh(f, "cat /root/state") == "v1\n", "fork does not see the parent's file")
+    await sh(forks[0], "echo v2 > /root/state")
+    check(await sh(forks[1], "cat /root/state") == "v1\n", "forks are not independent")
+    check(await sh(parent, "cat /root/state") == "v1\n", "a fork changed its parent")
+    await sh(parent, "echo v3 > /root/state")
+    check(await sh(child, "cat /root/state") == "v1\n", "the parent changed its snapshot child")
+
+
+CHECKS: dict[str, Callable[[Harness], Awaitable[None]]] = {
+    f.__name__: f
+    for f in (
+        exec_basics,
+        file_isolation,
+        process_isolation,
+        env_secret_isolation,
+        no_host_files,
+        baseline_untouched,
+        path_escapes,
+        fork_bomb,
+        memory_hog,
+        disk_filler,
+        timeout_no_survivors,
+        network_none,
+        no_leftovers,
+        pause_resume,
+        snapshot_and_fork,
+    )
+}
+"""Every conformance check by name."""
+
+
+async def run_check(name: str, backend: Backend, baseline: BaselineInfo) -> None:
+    """Run one check with a fresh harness and reap its sandboxes."""
+    t = Harness(backend, baseline)
+    try:
+        await CHECKS[name](t)
+    finally:
+        await t.close()
+
+
+def run_check_sync(name: str, backend: Backend, baseline: BaselineInfo) -> None:
+    """Blocking :func:`run_check`."""
+    asyncio.run(run_check(name, backend, baseline))
