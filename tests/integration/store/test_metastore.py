@@ -78,6 +78,10 @@ def test_rollouts_upsert_order_and_lookup(meta: MetaStore, blobs: BlobStore) -> 
     assert len(meta.rollouts_of(run.id)) == 4
     assert meta.resolve_rollout(changed.id[3:14]).id == changed.id
     assert meta.count_rollouts(run.id) == {"done": 4}
+    batch = [r.model_copy(update={"status": "failed"}) for r in got]
+    meta.save_rollouts(batch)
+    meta.save_rollouts([])
+    assert meta.count_rollouts(run.id) == {"failed": 4}
     with pytest.raises(RolloutNotFoundError):
         meta.get_rollout("ro-missing")
     with pytest.raises(RolloutNotFoundError):
