@@ -145,9 +145,12 @@ def reap_stale_runs(meta: MetaStore, blobs: BlobStore) -> list[str]:
     from rollbox.store.provenance import finalize_run, seal
 
     marked: list[str] = []
-    for run in meta.list_runs():
+    here = socket.gethostname()
+    for run in meta.list_runs(status="running"):
         if run.status != "running" or _pid_alive(run.owner_pid):
             continue
+        if run.host and run.host != here:
+            continue  # a shared PostgreSQL store: another machine's pids mean nothing here
         for rec in meta.rollouts_of(run.id):
             if rec.status in FINAL or rec.status == "interrupted":
                 continue
