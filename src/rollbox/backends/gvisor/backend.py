@@ -163,6 +163,10 @@ class GVisorBackend(NamespaceBackend):
             }
         )
         cg.apply(host_limits)
+        tmp = sdir / "rootfs" / "tmp"
+        if not tmp.is_dir() and not tmp.is_symlink():
+            tmp.mkdir(mode=0o1777)
+            os.chmod(tmp, 0o1777)
         config = oci_config(
             rootfs=sdir / "rootfs",
             args=[
@@ -177,7 +181,10 @@ class GVisorBackend(NamespaceBackend):
             limits=spec.limits,
             cgroups_path=f"/{cg.name}",
             ro_binds={f"{AGENT_DIR}/agent": self._agent, f"{AGENT_DIR}/uds-listen": self._helper},
-            rw_binds={"/run/rollbox": sdir / "run"},
+            # runsc mounts its own tmpfs on an empty /tmp unless the spec mounts something
+            # there; bind the overlay's /tmp so /tmp writes count against the disk limit
+            # and show in snapshots, forks and the files API like everywhere else.
+            rw_binds={"/run/rollbox": sdir / "run", "/tmp": tmp},
             netns_path=None if netns == "-" else Path(netns),
         )
         if spec.limits.pids is not None:
@@ -453,12 +460,24 @@ class GVisorSandbox(NamespaceSandbox):
         except ValueError as exc:
             raise InvalidInputError(f"bad command: {exc}") from None
         except SandboxCrashedError:
-            if self.cgroup.oom_kills() > oom_before:
-                raise SandboxCrashedError(
-                    f"sandbox {self.id} was OOM-killed by its memory limit "
-                    f"({spec.limits.memory_mb} MiB + {MEMORY_OVERHEAD_MB} MiB for gVisor)"
-                ) from None
-            raise
+            if self.cgroup.oom_kills() <= oom_before:
+                raise
+            # gVisor has no OOM killer of its own: the host cgroup's kills the sentry, and
+            # the whole sandbox with it. Report it as the command's OOM kill.
+            self._set_state("crashed")
+            err.feed(
+                f"rollbox: the gVisor sandbox was OOM-killed at its memory limit "
+                f"({spec.limits.memory_mb} MiB + {MEMORY_OVERHEAD_MB} MiB for gVisor itself); "
+                "the sandbox is gone\n".encode()
+            )
+            return ExecResult(
+                exit_code=137,
+                stdout=out.finish(),
+                stderr=err.finish(),
+                duration_s=time.monotonic() - started,
+                oom_killed=True,
+                truncated=out.truncated or err.truncated,
+            )
         finally:
             for p in gpid:
                 self._running_pids.discard(p)
