@@ -20,6 +20,7 @@ def render_png(report: PilotReport, path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     fig, (ax_lat, ax_tp) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=100)
     backends = [b for b in report.backends if b.levels]
@@ -70,6 +71,10 @@ def render_png(report: PilotReport, path: Path) -> Path:
         ax.set_xlabel("concurrency")
         ax.grid(True, axis="y", alpha=0.3)
     ax_lat.set_yscale("log")
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+    ax_lat.yaxis.set_major_formatter(plain)
+    ax_lat.yaxis.set_minor_formatter(plain)
+    ax_lat.tick_params(axis="y", which="minor", labelsize=7)
     ax_lat.set_ylabel("provisioning latency (ms, create + first exec)")
     ax_lat.set_title("Provisioning latency percentiles")
     ax_lat.legend(fontsize=7, ncol=2)
