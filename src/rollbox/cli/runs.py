@@ -9,10 +9,10 @@ import os
 import socket
 import sys
 import tempfile
-from datetime import datetime
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -64,10 +64,6 @@ def effective_status(run: RunRecord) -> RunStatus:
     return run.status
 
 
-def _when(dt: datetime | None) -> str:
-    return "-" if dt is None else dt.strftime("%Y-%m-%d %H:%M:%S")
-
-
 @runs_app.command("ls")
 def runs_ls(
     limit: int = typer.Option(50, "--limit", "-n", min=1, help="Show at most N runs."),
@@ -103,23 +99,26 @@ def runs_ls(
         if not rows:
             console.print("no runs")
             return
-        t = Table()
-        t.add_column("run", no_wrap=True, min_width=30)
-        for col in ("status", "created", "agent", "backend", "tasks×k", "rollouts", "pass"):
-            t.add_column(col)
+        header = ("run", "status", "created", "agent", "tasks×k", "rollouts", "pass")
+        cells = []
         for row, r in zip(rows, runs, strict=True):
             pr = row["pass_rate"]
-            t.add_row(
-                r.id,
-                str(row["status"]),
-                _when(r.created_at),
-                r.agent,
-                r.backend,
-                f"{row['tasks']}×{r.attempts}",
-                " ".join(f"{k}:{v}" for k, v in sorted(counts[r.id].items())) or "0",
-                "-" if pr is None else f"{pr:.0%}",
+            cells.append(
+                (
+                    r.id,
+                    str(row["status"]),
+                    r.created_at.strftime("%m-%d %H:%M"),
+                    f"{r.agent} ({r.backend})" if r.backend else r.agent,
+                    f"{row['tasks']}×{r.attempts}",
+                    " ".join(f"{k}:{v}" for k, v in sorted(counts[r.id].items())) or "0",
+                    "-" if pr is None else f"{pr:.0%}",
+                )
             )
-        console.print(t)
+        # plain aligned columns: never truncated, whatever the terminal width
+        widths = [max(len(c[i]) for c in [header, *cells]) for i in range(len(header))]
+        for c in [header, *cells]:
+            line = "  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True))
+            console.print(line.rstrip(), markup=False)
 
     emit(rows, json_, human)
 
@@ -251,9 +250,9 @@ def verify_cmd(
 
     def human() -> None:
         for w in report.warnings:
-            console.print(f"[yellow]warning:[/] {w}")
+            console.print(f"[yellow]warning:[/] {escape(w)}")
         for p in report.problems:
-            console.print(f"[red]problem:[/] {p}", markup=True)
+            console.print(f"[red]problem:[/] {escape(p)}")
         verdict = "[green]OK[/]" if report.ok else f"[red]FAILED ({len(report.problems)})[/]"
         console.print(
             f"verify {report.run_id}: {verdict} — {report.rollouts_checked} rollouts,"

@@ -172,7 +172,8 @@ def _ms(v: float | None) -> str:
 
 def render(summary: RunSummary) -> Group:
     """The summary as rich renderables: a per-task table and a platform table."""
-    tasks = Table(title=f"run {summary.run_id} ({summary.status}) — agent {summary.agent}")
+    # user-controlled strings (task names, agent specs) go in as Text: never rich markup
+    tasks = Table(title=Text(f"run {summary.run_id} ({summary.status}) — agent {summary.agent}"))
     tasks.add_column("task", overflow="fold")
     for col in ("attempts", "passed", "pass rate", "mean reward"):
         tasks.add_column(col, justify="right")
@@ -180,7 +181,7 @@ def render(summary: RunSummary) -> Group:
     tasks.add_column("errors", justify="right")
     for t in summary.tasks:
         tasks.add_row(
-            t.task,
+            Text(t.task),
             str(t.attempts),
             str(t.passed),
             f"{t.pass_rate:.0%}",
@@ -199,7 +200,7 @@ def render(summary: RunSummary) -> Group:
         str(sum(t.errors for t in summary.tasks)),
     )
     p = summary.platform
-    plat = Table(title=f"platform ({summary.backend})", show_header=True)
+    plat = Table(title=Text(f"platform ({summary.backend})"), show_header=True)
     plat.add_column("figure")
     plat.add_column("value", justify="right")
     for label, q in (

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rollbox.config import Home
 from rollbox.models import RolloutRecord
 from rollbox.store import provenance
@@ -173,3 +175,22 @@ def test_a_corrupt_database_file_is_one_line(home: Home, tmp_path: Path) -> None
     res = rollbox("runs", "ls", "--db", f"sqlite:///{bad}")
     assert res.returncode == 1
     assert res.stderr.count("\n") == 1 and "not a database" in res.stderr
+
+
+def test_human_output_is_complete_and_markup_safe(
+    home: Home, meta: MetaStore, blobs: BlobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # the task name must not be folded over lines
+    run = make_run(status="done")
+    meta.create_run(run)
+    rec = make_rollout(blobs, run.id, "[bold]task[/]")
+    meta.save_rollout(rec)
+    provenance.finalize_run(meta, run)
+    res = rollbox("runs", "ls")
+    assert res.returncode == 0 and run.id in res.stdout and "done:1" in res.stdout
+    assert rollbox("report", run.id).stdout.count("[bold]task[/]") == 1
+    # a problem line quoting odd names is printed verbatim
+    assert rec.stdout is not None
+    blobs.path(rec.stdout.digest).unlink()
+    res = rollbox("verify", run.id)
+    assert res.returncode == 1 and f"problem: rollout {rec.id}: blob 'stdout'" in res.stdout
