@@ -46,6 +46,7 @@ def oci_config(
     netns_path: Path | None = None,
     env: list[str] | None = None,
     resources: dict[str, Any] | None = None,
+    new_netns: bool = True,
 ) -> dict[str, Any]:
     """A runtime-spec 1.0 config as a dict.
 
@@ -60,6 +61,8 @@ def oci_config(
         netns_path: join this network namespace instead of making a new one.
         env: the init process's environment.
         resources: ``linux.resources`` (leave ``None`` when the cgroup is set up already).
+        new_netns: without ``netns_path``: ``True`` for a fresh network namespace,
+            ``False`` to stay in the runtime's own (the caller has put it in one).
     """
     mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
@@ -104,7 +107,7 @@ def oci_config(
     ]
     if netns_path is not None:
         namespaces.append({"type": "network", "path": str(netns_path)})
-    else:
+    elif new_netns:
         namespaces.append({"type": "network"})
     rlimits = []
     if limits.nofile is not None:

@@ -21,7 +21,8 @@ Channel: a host listening socket cannot be handed into gVisor, so a tiny static 
 Flags: ``--overlay2=none`` so writes land in the host overlay upper (snapshot, fork, disk
 limit and host-side file access all read it), ``--file-access=shared`` so files the host
 writes into the rootfs are seen inside at once, ``--network=none`` (modes none/loopback)
-or ``--network=sandbox`` inside the allow-list netns.
+or, for allow lists, ``--network=host`` with runsc started inside the sandbox's netns
+(see :meth:`GVisorBackend._launch` for why not ``--network=sandbox``).
 
 Limits inside gVisor: the host cgroup holds the sentry, the gofer and the ptrace stubs,
 so its memory and pids limits get an allowance for them on top of the sandbox's limits
@@ -185,7 +186,8 @@ class GVisorBackend(NamespaceBackend):
             # there; bind the overlay's /tmp so /tmp writes count against the disk limit
             # and show in snapshots, forks and the files API like everywhere else.
             rw_binds={"/run/rollbox": sdir / "run", "/tmp": tmp},
-            netns_path=None if netns == "-" else Path(netns),
+            # allow mode: runsc is started inside the sandbox's netns (see below).
+            new_netns=netns == "-",
         )
         if spec.limits.pids is not None:
             config["process"]["rlimits"].append(
@@ -195,8 +197,14 @@ class GVisorBackend(NamespaceBackend):
         sock = sdir / "run" / "agent.sock"
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()  # the base class's socket: the helper binds its own here
-        network = "none" if netns == "-" else "sandbox"
-        argv = self._runsc_argv(
+        # allow mode: runsc 20221219's --network=sandbox refuses to start on this kernel
+        # (its root-netns test looks for /proc/sys/net/core/rmem_default, which newer
+        # kernels have in every netns), so runsc runs inside the sandbox's netns with
+        # --network=host: the sentry's sockets are host sockets of that netns, behind
+        # its veth and firewall chain.
+        prefix = [] if netns == "-" else ["nsenter", f"--net={netns}", "--"]
+        network = "none" if netns == "-" else "host"
+        argv = prefix + self._runsc_argv(
             f"--network={network}",
             "--host-uds=create",
             "--overlay2=none",
