@@ -272,3 +272,49 @@ def test_odd_content_round_trips_and_still_verifies(meta: MetaStore, blobs: Blob
     assert provenance.check(back, blobs) == []
     with pytest.raises(ValueError):
         VerifierOutcome(reward=float("inf"))
+
+
+KILLED_WRITER = """
+import sys
+from rollbox.config import Home
+from rollbox.store.blobs import BlobStore
+from rollbox.store.metadata import MetaStore
+from unit.store.records import make_rollout
+url, run_id = sys.argv[1:3]
+home = Home.from_env()
+m = MetaStore(url, home=home)
+b = BlobStore(home)
+i = 0
+while True:
+    m.save_rollout(make_rollout(b, run_id, "k", i, extra={"big": "x" * 20000}))
+    i += 1
+    if i == 5:
+        print("ready", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_sigkilled_writer_leaves_intact_records(
+    meta: MetaStore, db_url: str, blobs: BlobStore
+) -> None:
+    run = make_run()
+    meta.create_run(run)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(__file__)))}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, db_url, run.id],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    proc.kill()
+    proc.wait(timeout=30)
+    raws = meta.raw_rollouts_of(run.id)
+    assert len(raws) >= 5
+    report = verify_run(meta, blobs, run.id)
+    assert report.problems == [], report.problems
+    assert report.rollouts_checked == len(raws)
+    # the store stays writable after the crash
+    meta.save_rollout(make_rollout(blobs, run.id, "after", 0))
+    assert len(meta.rollouts_of(run.id)) == len(raws) + 1
