@@ -1,0 +1,971 @@
+"""The ``microvm`` backend: every sandbox is its own QEMU ``microvm`` guest.
+
+See the package docstring for the moving parts. A sandbox's host-side footprint:
+``sandboxes/<id>/`` (state.json, console.log, its qcow2 disk(s)), the runtime dir
+``/run/rbx/<tag>/<id>/`` (QMP and agent sockets, pid file) and one QEMU process named
+``rbx-<tag>-<id>``. ``destroy()`` removes all three; ``cleanup_orphans()`` finds them when
+their owner died, their TTL passed or QEMU is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import codecs
+import contextlib
+import math
+import os
+import shutil
+import socket
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rollbox.backends.base import Backend, OutputCallback, SandboxHandle
+from rollbox.backends.microvm import disk, probe, qemu
+from rollbox.backends.microvm import snapshot as snaps
+from rollbox.backends.microvm.channel import AgentChannel, ChannelClosed
+from rollbox.backends.microvm.guest_agent import T_DATA, T_EOF, T_ERR, T_IN, T_OUT, frame, jframe
+from rollbox.backends.microvm.initramfs import ensure_initramfs
+from rollbox.backends.microvm.kernel import GuestKernel, ensure_kernel
+from rollbox.backends.state import (
+    expired,
+    list_states,
+    owner_fields,
+    owner_gone,
+    read_state,
+    sandbox_dir,
+    write_state,
+)
+from rollbox.config import Home
+from rollbox.errors import (
+    BackendError,
+    CorruptionError,
+    ExecTimeoutError,
+    InvalidInputError,
+    LimitsError,
+    NotFoundError,
+    PathEscapeError,
+    SandboxCrashedError,
+    SandboxNotFoundError,
+    SandboxStateError,
+)
+from rollbox.ids import new_id
+from rollbox.models import (
+    BaselineInfo,
+    Capabilities,
+    ExecResult,
+    SandboxInfo,
+    SandboxSpec,
+    SnapshotSource,
+    utcnow,
+)
+
+BOOT_TIMEOUT_S = float(os.environ.get("ROLLBOX_MICROVM_BOOT_TIMEOUT", "120"))
+DEFAULT_DISK_MB = 4096
+GUEST_OVERHEAD_MB = 160  # kernel, page cache and the agent, on top of the memory limit
+MIN_MEMORY_MB = 32
+MIN_DISK_MB = 16
+MASK = "***"
+
+
+def assets_dir(home: Home) -> Path:
+    """Where derived VM assets (kernel, initramfs, per-digest disk images) are cached: beside
+    the layer store they derive from, so homes that share a store share them too."""
+    return Path(os.path.realpath(home.layers)).parent / "vm"
+
+
+def normalize(path: str) -> str:
+    """An absolute, lexically normalised sandbox path.
+
+    Raises:
+        PathEscapeError: ``..`` climbs above ``/``.
+        InvalidInputError: empty or containing NUL.
+    """
+    if not path or "\0" in path:
+        raise InvalidInputError(f"invalid sandbox path {path!r}")
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not parts:
+                raise PathEscapeError(f"sandbox path {path!r} escapes the sandbox root")
+            parts.pop()
+        else:
+            parts.append(part)
+    return "/" + "/".join(parts)
+
+
+def _xlist(info: SandboxInfo, key: str) -> list[str]:
+    value = info.extra.get(key)
+    return [str(x) for x in value] if isinstance(value, list) else []
+
+
+def _xint(info: SandboxInfo, key: str, default: int) -> int:
+    value = info.extra.get(key)
+    return value if isinstance(value, int) else default
+
+
+def _raise_agent_error(err: dict[str, Any], path: str = "") -> None:
+    kind = err.get("type")
+    msg = err.get("message", "")
+    if kind == "escape":
+        raise PathEscapeError(f"sandbox path {path or msg!r} resolves outside the sandbox root")
+    if kind == "not_found":
+        raise NotFoundError(f"no such file in the sandbox: {path or msg}")
+    if kind in ("is_dir", "not_dir", "user"):
+        raise InvalidInputError(f"{msg}" if kind == "user" else f"{path}: {msg}")
+    raise BackendError(f"guest agent: {msg}")
+
+
+class MicroVMSandbox(SandboxHandle):
+    """One microVM sandbox."""
+
+    def __init__(self, backend: MicroVMBackend, info: SandboxInfo) -> None:
+        self.backend = backend
+        self._info = info
+        self._ch: AgentChannel | None = None
+        self._users = 0
+        self._lock: asyncio.Lock | None = None
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def info(self) -> SandboxInfo:
+        return self._info
+
+    @property
+    def home(self) -> Home:
+        return self.backend.home
+
+    @property
+    def dir(self) -> Path:
+        return sandbox_dir(self.home, self.id)
+
+    @property
+    def rdir(self) -> Path:
+        return Path(str(self._info.extra["run_dir"]))
+
+    @property
+    def vm(self) -> qemu.VMConfig:
+        vm = self._info.extra["vm"]
+        assert isinstance(vm, dict)
+        return qemu.VMConfig.from_json(vm)
+
+    @property
+    def pid(self) -> int | None:
+        pid = self._info.extra.get("qemu_pid")
+        return int(pid) if isinstance(pid, int) else None
+
+    def alive(self) -> bool:
+        """True while this sandbox's QEMU runs."""
+        return qemu.alive(self.pid, self.vm.name)
+
+    def _save(self) -> None:
+        write_state(self.home, self._info)
+
+    def _refresh(self) -> None:
+        with contextlib.suppress(SandboxNotFoundError):
+            self._info = read_state(self.home, self.id)
+
+    def _usable(self, *, allow_paused: bool = False) -> None:
+        self._refresh()
+        if self._info.state == "destroyed" or not self.dir.exists():
+            raise SandboxStateError(f"sandbox {self.id} is destroyed")
+        if self._info.state == "paused" and not allow_paused:
+            raise SandboxStateError(f"sandbox {self.id} is paused", hint="resume it first")
+        if not self.alive():
+            self._crashed()
+
+    def _crashed(self) -> None:
+        if self.dir.exists():
+            self._info.state = "crashed"
+            with contextlib.suppress(OSError):
+                self._save()
+        tail = self.console_tail()
+        raise SandboxCrashedError(
+            f"the VM of sandbox {self.id} is gone (QEMU pid {self.pid} died)"
+            + (f": {tail}" if tail else "")
+        )
+
+    def console_tail(self) -> str:
+        """The last line the guest printed on its console, if any."""
+        try:
+            lines = Path(self.vm.console_log).read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1][-300:] if lines else ""
+
+    @contextlib.asynccontextmanager
+    async def _session(self, timeout: float = 60.0) -> AsyncIterator[AgentChannel]:
+        """The agent connection, shared by this handle's concurrent requests."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._ch is None or self._ch.closed:
+                try:
+                    self._ch = await AgentChannel.connect(
+                        self.rdir / "agent.sock",
+                        self.dir / "agent.lock",
+                        timeout=timeout,
+                        alive=self.alive,
+                    )
+                except ChannelClosed:
+                    if not self.alive():
+                        self._crashed()
+                    raise
+            self._users += 1
+        ch = self._ch
+        try:
+            yield ch
+        except ChannelClosed:
+            if not self.alive():
+                self._crashed()
+            raise
+        finally:
+            self._users -= 1
+            if self._users == 0 and self._ch is ch:
+                self._ch = None
+                await ch.close()
+
+    def _env(self, env: dict[str, str] | None, secrets: dict[str, str] | None) -> dict[str, str]:
+        out: dict[str, str] = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        }
+        for item in _xlist(self._info, "image_env"):
+            k, _, v = item.partition("=")
+            out[k] = v
+        out["HOSTNAME"] = self._info.spec.hostname
+        out.update(self._info.spec.env)
+        out.update(env or {})
+        out.update(secrets or {})
+        return out
+
+    # ------------------------------------------------------------------ exec
+    async def exec(
+        self,
+        cmd: list[str] | str,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        secrets: dict[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+        user: str | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+    ) -> ExecResult:
+        self._usable()
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        if not argv:
+            raise InvalidInputError("empty command")
+        spec = self._info.spec
+        limits = spec.limits
+        workdir = cwd or spec.workdir or str(self._info.extra.get("image_workdir") or "/")
+        req = {
+            "op": "exec",
+            "argv": argv,
+            "env": self._env(env, secrets),
+            "cwd": normalize(workdir),
+            "user": user or spec.user or str(self._info.extra.get("image_user") or "root"),
+            "timeout": timeout,
+            "nofile": limits.nofile,
+            "output_bytes": limits.output_bytes,
+            "stdin": stdin is not None,
+        }
+        masks = sorted((v for v in (secrets or {}).values() if v), key=len, reverse=True)
+
+        def mask(text: str) -> str:
+            for value in masks:
+                text = text.replace(value, MASK)
+            return text
+
+        out, err = bytearray(), bytearray()
+        decoders = {
+            T_OUT: codecs.getincrementaldecoder("utf-8")("replace"),
+            T_ERR: codecs.getincrementaldecoder("utf-8")("replace"),
+        }
+
+        def on_frame(kind: int, payload: bytes) -> None:
+            if kind not in decoders:
+                return
+            (out if kind == T_OUT else err).extend(payload)
+            cb = on_stdout if kind == T_OUT else on_stderr
+            if cb is not None:
+                text = decoders[kind].decode(payload)
+                if text:
+                    cb(mask(text))
+
+        t0 = time.monotonic()
+        async with self._session() as ch:
+            rid = ch.new_id()
+            await ch.send(jframe({"id": rid, **req}))
+            if stdin is not None:
+                data = stdin.encode() if isinstance(stdin, str) else stdin
+                for i in range(0, len(data), 65536):
+                    await ch.send(frame(T_IN, rid, data[i : i + 65536]))
+                await ch.send(frame(T_EOF, rid, b""))
+            guard = None if timeout is None else timeout + 30.0
+            try:
+                reply = await asyncio.wait_for(ch.reply(rid, on_frame), guard)
+            except TimeoutError:
+                raise BackendError(f"sandbox {self.id}: the guest agent stopped answering")
+        duration = time.monotonic() - t0
+        if "error" in reply:
+            _raise_agent_error(reply["error"])
+        stdout = mask(out.decode(errors="replace"))
+        stderr = mask(err.decode(errors="replace"))
+        if reply.get("timed_out"):
+            raise ExecTimeoutError(
+                f"command timed out after {timeout:g}s in sandbox {self.id}",
+                stdout=stdout,
+                stderr=stderr,
+                timeout=timeout,
+            )
+        return ExecResult(
+            exit_code=int(reply["exit_code"]),
+            stdout=stdout,
+            stderr=stderr,
+            duration_s=duration,
+            oom_killed=bool(reply.get("oom_killed")),
+            truncated=bool(reply.get("truncated")),
+        )
+
+    # ------------------------------------------------------------------ files
+    async def _fetch(self, op: str, path: str, sink: Callable[[bytes], object]) -> None:
+        async with self._session() as ch:
+            rid = ch.new_id()
+            await ch.send(jframe({"id": rid, "op": op, "path": path}))
+
+            def on_frame(kind: int, payload: bytes) -> None:
+                if kind == T_DATA:
+                    sink(payload)
+
+            reply = await ch.reply(rid, on_frame)
+        if "error" in reply:
+            _raise_agent_error(reply["error"], path)
+
+    async def _push(self, req: dict[str, Any], data: bytes, path: str) -> None:
+        async with self._session() as ch:
+            rid = ch.new_id()
+            await ch.send(jframe({"id": rid, **req}))
+            await ch.send_data(rid, data)
+            reply = await ch.reply(rid)
+        if "error" in reply:
+            _raise_agent_error(reply["error"], path)
+
+    async def read_file(self, path: str) -> bytes:
+        p = normalize(path)
+        self._usable()
+        buf = bytearray()
+        await self._fetch("read_file", p, buf.extend)
+        return bytes(buf)
+
+    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
+        p = normalize(path)
+        if p == "/":
+            raise InvalidInputError("cannot write a file at /")
+        self._usable()
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        await self._push({"op": "write_file", "path": p, "mode": mode}, raw, p)
+
+    async def upload(self, src: Path, dest: str) -> None:
+        p = normalize(dest)
+        self._usable()
+        if not src.exists() and not src.is_symlink():
+            raise NotFoundError(f"no such host path: {src}")
+        if src.is_file() and not src.is_symlink():
+            await self.write_file(p, src.read_bytes(), mode=src.stat().st_mode & 0o7777)
+            return
+        with tempfile.SpooledTemporaryFile(max_size=8 << 20) as f:
+            with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for child in sorted(src.iterdir()) if src.is_dir() else [src]:
+                    tar.add(child, arcname=child.name)
+            f.seek(0)
+            await self._push({"op": "put_tar", "dest": p}, f.read(), p)
+
+    async def download(self, src: str, dest: Path) -> None:
+        p = normalize(src)
+        self._usable()
+        self.home.tmp.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=self.home.tmp) as f:
+            await self._fetch("get_tar", p, f.write)
+            f.seek(0)
+            with tempfile.TemporaryDirectory(dir=self.home.tmp) as stage:
+                _safe_extract(f, Path(stage))
+                entries = os.listdir(stage)
+                if len(entries) != 1:
+                    raise BackendError(f"download of {p}: unexpected archive from the guest")
+                item = Path(stage) / entries[0]
+                if dest.is_dir() and not dest.is_symlink() and item.is_dir():
+                    dest = dest / item.name if dest.exists() and any(dest.iterdir()) else dest
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if item.is_dir() and not item.is_symlink():
+                    shutil.copytree(item, dest, symlinks=True, dirs_exist_ok=True)
+                else:
+                    if dest.is_dir() and not dest.is_symlink():
+                        dest = dest / item.name
+                    os.replace(item, dest) if not dest.exists() else shutil.move(item, dest)
+
+    # ------------------------------------------------------------------ snapshots
+    async def snapshot(self, *, memory: bool = False, name: str | None = None) -> str:
+        self._usable()
+        if memory:
+            snap = await self.memory_snapshot()
+            return snap.id
+        return await self._fs_snapshot(name)
+
+    async def _fs_snapshot(self, name: str | None) -> str:
+        from rollbox.baselines.layers import convert_oci_whiteouts
+        from rollbox.baselines.store import BaselineStore
+
+        self.home.tmp.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=self.home.tmp) as f:
+            await self._fetch("fs_diff", "/", f.write)
+            f.seek(0)
+            with tempfile.TemporaryDirectory(dir=self.home.tmp, prefix="vmsnap-") as stage:
+                upper = Path(stage) / "upper"
+                upper.mkdir()
+                await asyncio.to_thread(_safe_extract, f, upper)
+                await asyncio.to_thread(convert_oci_whiteouts, upper)
+                store = BaselineStore(self.home)
+                info = await asyncio.to_thread(
+                    store.commit_snapshot,
+                    self._info.baseline,
+                    upper,
+                    SnapshotSource(sandbox_id=self.id, backend="microvm"),
+                    name,
+                )
+        return info.digest
+
+    async def memory_snapshot(self, *, ephemeral: bool = False) -> snaps.MemorySnapshot:
+        """Pause, save RAM and devices to a file, freeze the disk, resume.
+
+        Returns:
+            The snapshot record (its id restores with ``SandboxSpec.from_snapshot``).
+        """
+        self._usable()
+        async with self._session() as ch:
+            await ch.call("quiesce", drop_caches=True)
+        return await asyncio.to_thread(self._memory_snapshot_sync, ephemeral)
+
+    def _memory_snapshot_sync(self, ephemeral: bool) -> snaps.MemorySnapshot:
+        snap_id = new_id("snap")
+        sdir = snaps.snap_dir(self.home, snap_id)
+        sdir.mkdir(parents=True)
+        vm = self.vm
+        index = _xint(self._info, "disk_index", 0)
+        new_disk = self.dir / f"disk-{index + 1}.qcow2"
+        mem = sdir / "memory.bin"
+        ok = False
+        try:
+            with qemu.QMP(self.rdir / "qmp.sock") as mon:
+                mon.execute("stop")
+                try:
+                    fd = os.open(mem, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    try:
+                        socket.send_fds(
+                            mon.sock,
+                            [b'{"execute": "getfd", "arguments": {"fdname": "snap"}}\n'],
+                            [fd],
+                        )
+                        while True:
+                            msg = mon._read()
+                            if "return" in msg:
+                                break
+                            if "error" in msg:
+                                raise BackendError(f"qemu getfd: {msg['error']}")
+                    finally:
+                        os.close(fd)
+                    mon.execute("migrate", uri="fd:snap")
+                    mon.wait_migration()
+                    # freeze the disk: the file so far becomes the snapshot's, read-only;
+                    # the VM continues on a new overlay stacked on it
+                    os.link(vm.disk, sdir / "disk.qcow2")
+                    os.chmod(sdir / "disk.qcow2", 0o444)
+                    disk.create_overlay(
+                        new_disk, sdir / "disk.qcow2", "qcow2", size_mb=self._disk_mb()
+                    )
+                    mon.execute(
+                        "blockdev-snapshot-sync",
+                        device="upper",
+                        **{"snapshot-file": str(new_disk), "format": "qcow2", "mode": "existing"},
+                    )
+                finally:
+                    mon.execute("cont")
+            old_disk = vm.disk
+            vm.disk = str(new_disk)
+            self._info.extra["vm"] = vm.to_json()
+            self._info.extra["disk_index"] = index + 1
+            self._save()
+            with contextlib.suppress(OSError):
+                os.unlink(old_disk)  # the snapshot dir holds the other link
+            chain = _xlist(self._info, "snapshot_chain")
+            record = snaps.MemorySnapshot(
+                id=snap_id,
+                source=self.id,
+                baseline=self._info.baseline,
+                vm=vm.to_json() | {"disk": str(sdir / "disk.qcow2")},
+                memory_size=mem.stat().st_size,
+                memory_sha256=snaps.sha256_file(mem),
+                disk_mb=self._disk_mb(),
+                accelerator=vm.accel,
+                kernel=str(self._info.extra.get("kernel", "")),
+                chain=chain,
+                ephemeral=ephemeral,
+                spec=self._info.spec.model_dump(mode="json"),
+            )
+            snaps.save(self.home, record)
+            self._info.extra["snapshot_chain"] = [*chain, snap_id]
+            self._save()
+            ok = True
+            return record
+        finally:
+            if not ok:
+                shutil.rmtree(sdir, ignore_errors=True)
+
+    def _disk_mb(self) -> int:
+        return _xint(self._info, "disk_mb", DEFAULT_DISK_MB)
+
+    async def fork(self, n: int) -> list[SandboxHandle]:
+        if n < 1:
+            raise InvalidInputError("fork needs n >= 1")
+        self._usable()
+        snap = await self.memory_snapshot(ephemeral=True)
+        try:
+            made = await self.backend.restore_many(snap, n, self._info.spec)
+        finally:
+            # branches keep the frozen disk; the memory image is no longer needed
+            with contextlib.suppress(OSError):
+                os.unlink(snaps.snap_dir(self.home, snap.id) / "memory.bin")
+        return list(made)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def pause(self) -> None:
+        self._usable()
+        await asyncio.to_thread(self._monitor, "stop")
+        self._info.state = "paused"
+        self._save()
+
+    async def resume(self) -> None:
+        self._usable(allow_paused=True)
+        await asyncio.to_thread(self._monitor, "cont")
+        self._info.state = "running"
+        self._save()
+
+    def _monitor(self, cmd: str) -> None:
+        with qemu.QMP(self.rdir / "qmp.sock") as mon:
+            mon.execute(cmd)
+
+    async def destroy(self) -> None:
+        if self._ch is not None:
+            with contextlib.suppress(Exception):
+                await self._ch.close()
+            self._ch = None
+        await asyncio.to_thread(self.backend.destroy_by_id, self.id)
+        self._info.state = "destroyed"
+
+
+def _safe_extract(f: Any, dest: Path) -> None:
+    """Extract a tar produced by the (untrusted) guest: no absolute paths, no ``..``, no
+    links leaving ``dest``, no device nodes; modes and owners kept."""
+
+    def keep(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
+        if member.isdev():
+            raise tarfile.FilterError(f"device node {member.name!r} refused")
+        checked = tarfile.tar_filter(member, path)
+        return checked.replace(mode=member.mode, deep=False)
+
+    with tarfile.open(fileobj=f, mode="r|") as tar:
+        tar.extractall(dest, filter=keep, numeric_owner=True)
+
+
+class MicroVMBackend(Backend):
+    """QEMU microVMs: KVM where usable, TCG otherwise; memory snapshots, restore, fork."""
+
+    name: ClassVar[str] = "microvm"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        snapshot=True,
+        memory_snapshot=True,
+        fork=True,
+        pause=True,
+        network_modes=["none", "loopback"],
+        users=True,
+    )
+
+    def __init__(self, home: Home) -> None:
+        super().__init__(home)
+        self.detach = False
+        self._kernel: GuestKernel | None = None
+        self._initrd: Path | None = None
+        self._accel: probe.ProbeResult | None = None
+
+    def version(self) -> str:
+        return qemu.version()
+
+    def prepare(self) -> None:
+        qemu.version()
+        for tool, pkg in (("qemu-img", "qemu-utils"), ("mkfs.ext4", "e2fsprogs")):
+            if shutil.which(tool) is None:
+                from rollbox.errors import BackendUnavailableError
+
+                raise BackendUnavailableError(
+                    f"{tool} is not installed", hint=f"apt-get install {pkg}"
+                )
+        if self._kernel is not None:
+            return
+        assets = Home(assets_dir(self.home))
+        kernel = ensure_kernel(assets)
+        self._initrd = ensure_initramfs(assets, kernel)
+        probe_initrd = ensure_initramfs(assets, kernel, probe=True)
+        self._accel = probe.choose(assets.root, kernel.vmlinuz, probe_initrd)
+        self._kernel = kernel
+
+    @property
+    def accelerator(self) -> probe.ProbeResult:
+        """The accelerator new sandboxes use (probed at :meth:`prepare`)."""
+        self.prepare()
+        assert self._accel is not None
+        return self._accel
+
+    def check(self, spec: SandboxSpec) -> None:
+        super().check(spec)
+        lim = spec.limits
+        ncpu = os.cpu_count() or 1
+        if lim.cpus is not None and math.ceil(lim.cpus) > max(ncpu * 4, 4):
+            raise LimitsError(f"{lim.cpus} vCPUs is too many for this host ({ncpu} CPUs)")
+        if lim.memory_mb is not None and lim.memory_mb < MIN_MEMORY_MB:
+            raise LimitsError(f"memory limit {lim.memory_mb} MiB is below {MIN_MEMORY_MB} MiB")
+        if lim.disk_mb is not None and lim.disk_mb < MIN_DISK_MB:
+            raise LimitsError(f"disk limit {lim.disk_mb} MiB is below {MIN_DISK_MB} MiB")
+        if spec.from_snapshot:
+            snaps.load(self.home, spec.from_snapshot)
+
+    # ------------------------------------------------------------------ create
+    def _new_info(self, spec: SandboxSpec, baseline: str, sid: str) -> SandboxInfo:
+        owner_pid, extra = owner_fields(self.detach)
+        now = utcnow()
+        return SandboxInfo(
+            id=sid,
+            backend=self.name,
+            backend_version=self.version(),
+            baseline=baseline,
+            spec=spec,
+            state="creating",
+            created_at=now,
+            expires_at=now + timedelta(seconds=spec.ttl_s) if spec.ttl_s else None,
+            owner_pid=owner_pid,
+            extra=extra,
+        )
+
+    async def create(self, spec: SandboxSpec, baseline: BaselineInfo) -> SandboxHandle:
+        self.check(spec)
+        if spec.from_snapshot:
+            snap = snaps.load(self.home, spec.from_snapshot)
+            return (await self.restore_many(snap, 1, spec))[0]
+        self.prepare()
+        assert self._kernel is not None and self._initrd is not None
+        from rollbox.baselines.store import BaselineStore
+
+        layers = BaselineStore(self.home).layer_dirs(baseline.digest)
+        assets = Home(assets_dir(self.home))
+        base = await asyncio.to_thread(disk.ensure_base_image, assets, baseline.digest, layers)
+        disk_mb = spec.limits.disk_mb or DEFAULT_DISK_MB
+        template = await asyncio.to_thread(disk.ensure_upper_template, assets, disk_mb)
+        sid = new_id("sbx")
+        info = self._new_info(spec, baseline.digest, sid)
+        d = sandbox_dir(self.home, sid)
+        d.mkdir(parents=True)
+        rdir = qemu.run_dir(self.home.tag, sid)
+        mem = (spec.limits.memory_mb or 1024) + GUEST_OVERHEAD_MB
+        accel = self.accelerator
+        vm = qemu.VMConfig(
+            name=qemu.proc_name(self.home.tag, sid),
+            accel=accel.accelerator,
+            memory_mb=mem,
+            cpus=max(1, math.ceil(spec.limits.cpus or 1)),
+            kernel=str(self._kernel.vmlinuz),
+            initrd=str(self._initrd),
+            base_image=str(base),
+            disk=str(d / "disk-0.qcow2"),
+            run_dir=str(rdir),
+            console_log=str(d / "console.log"),
+        )
+        info.accelerator = accel.accelerator
+        info.extra.update(
+            run_dir=str(rdir),
+            vm=vm.to_json(),
+            disk_index=0,
+            disk_mb=disk_mb,
+            kernel=self._kernel.version,
+            kernel_package=self._kernel.package_version,
+            accelerator_reason=accel.reason,
+            image_env=list(baseline.config.env),
+            image_workdir=baseline.config.workdir,
+            image_user=baseline.config.user,
+        )
+        write_state(self.home, info)
+        handle = MicroVMSandbox(self, info)
+        try:
+            await asyncio.to_thread(disk.create_overlay, Path(vm.disk), template, "raw")
+            info.extra["qemu_pid"] = await asyncio.to_thread(qemu.start, vm)
+            write_state(self.home, info)
+            async with handle._session(timeout=BOOT_TIMEOUT_S) as ch:
+                await ch.call(
+                    "configure",
+                    hostname=spec.hostname,
+                    memory_max=(spec.limits.memory_mb or 0) << 20,
+                    pids_max=spec.limits.pids,
+                )
+            info.state = "running"
+            write_state(self.home, info)
+        except BaseException as exc:
+            tail = handle.console_tail()
+            await asyncio.to_thread(self.destroy_by_id, sid)
+            if isinstance(exc, SandboxCrashedError | ChannelClosed) and tail:
+                raise BackendError(f"the microVM did not boot: {tail}") from None
+            raise
+        self._after_create(info)
+        return handle
+
+    def _after_create(self, info: SandboxInfo) -> None:
+        if info.expires_at is not None:
+            from rollbox.backends.reaper import ensure_reaper
+
+            ensure_reaper(self.home)
+
+    async def restore_many(
+        self, snap: snaps.MemorySnapshot, n: int, spec: SandboxSpec
+    ) -> list[MicroVMSandbox]:
+        """``n`` sandboxes restored from ``snap`` in parallel (each on its own overlay)."""
+        results = await asyncio.gather(
+            *(self._restore(snap, spec) for _ in range(n)), return_exceptions=True
+        )
+        made = [r for r in results if isinstance(r, MicroVMSandbox)]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for h in made:
+                await h.destroy()
+            raise errors[0]
+        return made
+
+    async def _restore(self, snap: snaps.MemorySnapshot, spec: SandboxSpec) -> MicroVMSandbox:
+        self.prepare()
+        mem_file = snaps.check_size(self.home, snap)
+        sdir = snaps.snap_dir(self.home, snap.id)
+        sid = new_id("sbx")
+        # a restored sandbox keeps the snapshot's device model, baseline and settings
+        base_spec = SandboxSpec.model_validate(snap.spec) if snap.spec else spec
+        spec = base_spec.model_copy(
+            update={"from_snapshot": snap.id, "labels": spec.labels or base_spec.labels,
+                    "ttl_s": spec.ttl_s}
+        )  # fmt: skip
+        info = self._new_info(spec, snap.baseline, sid)
+        d = sandbox_dir(self.home, sid)
+        d.mkdir(parents=True)
+        rdir = qemu.run_dir(self.home.tag, sid)
+        vm = qemu.VMConfig.from_json(dict(snap.vm))
+        vm.name = qemu.proc_name(self.home.tag, sid)
+        vm.disk = str(d / "disk-0.qcow2")
+        vm.run_dir = str(rdir)
+        vm.console_log = str(d / "console.log")
+        info.accelerator = vm.accel
+        info.extra.update(
+            run_dir=str(rdir),
+            vm=vm.to_json(),
+            disk_index=0,
+            disk_mb=snap.disk_mb,
+            kernel=snap.kernel,
+            snapshot=snap.id,
+            snapshot_chain=[*snap.chain, snap.id],
+        )
+        src = self._src_extra(snap.source)
+        for key in ("image_env", "image_workdir", "image_user", "kernel_package"):
+            if key in src:
+                info.extra[key] = src[key]
+        write_state(self.home, info)
+        handle = MicroVMSandbox(self, info)
+        try:
+            await asyncio.to_thread(
+                disk.create_overlay, Path(vm.disk), sdir / "disk.qcow2", "qcow2"
+            )
+            await asyncio.to_thread(self._load_memory, info, vm, mem_file, snap)
+            write_state(self.home, info)
+            async with handle._session(timeout=BOOT_TIMEOUT_S) as ch:
+                await ch.call(
+                    "restored",
+                    time_ns=time.time_ns(),
+                    entropy=base64.b64encode(os.urandom(64)).decode(),
+                )
+            info.state = "running"
+            write_state(self.home, info)
+        except BaseException:
+            await asyncio.to_thread(self.destroy_by_id, sid)
+            raise
+        self._after_create(info)
+        return handle
+
+    def _src_extra(self, source: str) -> dict[str, object]:
+        with contextlib.suppress(SandboxNotFoundError):
+            return read_state(self.home, source).extra
+        return {}
+
+    def _load_memory(
+        self, info: SandboxInfo, vm: qemu.VMConfig, mem_file: Path, snap: snaps.MemorySnapshot
+    ) -> None:
+        """Start QEMU paused with ``-incoming fd:``, stream the file in while hashing it,
+        and let the VM run only if the hash matches."""
+        r, w = os.pipe()
+        try:
+            pid = qemu.start(vm, incoming=f"fd:{r}", pass_fds=(r,))
+        finally:
+            os.close(r)
+        info.extra["qemu_pid"] = pid
+        write_state(self.home, info)
+        digest: list[str] = []
+
+        def feed() -> None:
+            import hashlib
+
+            h = hashlib.sha256()
+            try:
+                with open(mem_file, "rb") as f:
+                    while block := f.read(1 << 20):
+                        h.update(block)
+                        view = memoryview(block)
+                        while view:
+                            n = os.write(w, view)
+                            view = view[n:]
+            except OSError:
+                pass
+            finally:
+                os.close(w)
+                digest.append(h.hexdigest())
+
+        t = threading.Thread(target=feed, daemon=True)
+        t.start()
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        with qemu.QMP(Path(vm.run_dir) / "qmp.sock") as mon:
+            while True:
+                status = mon.execute("query-status").get("status")
+                if status != "inmigrate":
+                    break
+                if not qemu.alive(pid, vm.name) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.005)
+            t.join(timeout=30)
+            if not digest or digest[0] != snap.memory_sha256:
+                raise CorruptionError(
+                    f"memory snapshot {snap.id} does not match its recorded sha256; refused",
+                    paths=[str(mem_file)],
+                )
+            if status not in ("paused", "prelaunch", "postmigrate"):
+                raise BackendError(f"restore of {snap.id} failed (QEMU state {status})")
+            mon.execute("cont")
+
+    # ------------------------------------------------------------------ attach / list
+    async def attach(self, sandbox_id: str) -> SandboxHandle:
+        info = read_state(self.home, sandbox_id)
+        if info.backend != self.name or info.state == "destroyed":
+            raise SandboxNotFoundError(f"no live microvm sandbox {sandbox_id!r}")
+        return MicroVMSandbox(self, info)
+
+    def list_sandboxes(self) -> list[SandboxInfo]:
+        return list_states(self.home, self.name)
+
+    # ------------------------------------------------------------------ teardown
+    def destroy_by_id(self, sandbox_id: str) -> list[str]:
+        """Kill the QEMU and remove every host resource of one sandbox (idempotent)."""
+        removed: list[str] = []
+        d = sandbox_dir(self.home, sandbox_id)
+        name = qemu.proc_name(self.home.tag, sandbox_id)
+        snap_id = None
+        try:
+            info = read_state(self.home, sandbox_id)
+            pid = info.extra.get("qemu_pid")
+            snap_id = info.extra.get("snapshot")
+        except SandboxNotFoundError:
+            pid = None
+        procs = qemu.find_processes(name)
+        for pid_ in {*procs.values(), *([pid] if isinstance(pid, int) else [])}:
+            if qemu.alive(pid_, name):
+                qemu.kill(pid_, name)
+                removed.append(f"process {pid_} ({name})")
+        rdir = qemu.run_dir(self.home.tag, sandbox_id)
+        if rdir.exists():
+            shutil.rmtree(rdir, ignore_errors=True)
+            removed.append(f"runtime dir {rdir}")
+        if d.exists():
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(f"sandbox dir {d}")
+        with contextlib.suppress(OSError):
+            rdir.parent.rmdir()
+        if isinstance(snap_id, str):
+            removed += self._drop_unused_snapshots()
+        return removed
+
+    def _drop_unused_snapshots(self, dry_run: bool = False) -> list[str]:
+        """Ephemeral (fork) snapshots that no sandbox and no other snapshot uses."""
+        used: set[str] = set()
+        for info in list_states(self.home, self.name):
+            used.update(_xlist(info, "snapshot_chain"))
+        records = snaps.all_snapshots(self.home)
+        for rec in records:
+            used.update(rec.chain)
+        out = []
+        for rec in records:
+            if rec.ephemeral and rec.id not in used:
+                if not dry_run:
+                    snaps.remove(self.home, rec.id)
+                out.append(f"fork snapshot {rec.id}")
+        return out
+
+    def cleanup_orphans(self, *, dry_run: bool = False) -> list[str]:
+        out: list[str] = []
+        live: set[str] = set()
+        for info in self.list_sandboxes():
+            pid = info.extra.get("qemu_pid")
+            vm_name = qemu.proc_name(self.home.tag, info.id)
+            dead = info.state in ("destroyed", "crashed") or (
+                info.state != "creating"
+                and not qemu.alive(pid if isinstance(pid, int) else None, vm_name)
+            )
+            if dead or owner_gone(info) or expired(info):
+                why = (
+                    "expired" if expired(info) else "owner gone" if owner_gone(info) else "VM gone"
+                )
+                if dry_run:
+                    out.append(f"sandbox {info.id} ({why})")
+                else:
+                    out += [f"{r} ({why})" for r in self.destroy_by_id(info.id)]
+            else:
+                live.add(info.id)
+        # QEMUs and runtime dirs of this home that no sandbox record explains
+        prefix = qemu.proc_name(self.home.tag, "")
+        for name, pid in qemu.find_processes(prefix).items():
+            sid = name[len(prefix) :]
+            if sid not in live and not sandbox_dir(self.home, sid).exists():
+                out.append(f"process {pid} ({name})")
+                if not dry_run:
+                    qemu.kill(pid, name)
+        tag_dir = qemu.RUN_ROOT / self.home.tag
+        if tag_dir.is_dir():
+            for entry in tag_dir.iterdir():
+                if entry.name not in live and not sandbox_dir(self.home, entry.name).exists():
+                    out.append(f"runtime dir {entry}")
+                    if not dry_run:
+                        shutil.rmtree(entry, ignore_errors=True)
+        sroot = snaps.root(self.home)
+        if sroot.is_dir():
+            for entry in sroot.iterdir():
+                if not (entry / "meta.json").exists():
+                    out.append(f"incomplete snapshot {entry}")
+                    if not dry_run:
+                        shutil.rmtree(entry, ignore_errors=True)
+        out += self._drop_unused_snapshots(dry_run)
+        return out
