@@ -5,6 +5,11 @@ rollbox around it: per rollout an overlay rootfs on a tmpfs upper, one ``bwrap``
 verifier's command (``mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt``), the
 reward read back, the overlay unmounted — at the same concurrency.
 
+A third configuration calls the sandbox API alone (``AsyncSandbox.create`` → write the
+instruction → upload tests → exec the verifier → read the reward → download ``/logs/verifier``
+→ destroy; no records, no store), so the runner's share can be told apart from the sandbox
+layer's (the namespace backend's Python code and the facade).
+
 rollbox's own overhead per rollout is measured two ways:
 
 * **CPU**: CPU time of the rollbox process itself (``RUSAGE_SELF``: every thread, including
@@ -118,6 +123,55 @@ async def raw_run(lowers: list[Path], n: int, conc: int) -> dict[str, object]:
     return {"rollouts": n, "wall_s": round(wall, 3), "per_s": round(n / wall, 2), **summary_ms(lat)}
 
 
+async def api_run(home: Home, task: Path, n: int, conc: int) -> dict[str, object]:
+    """The same sandbox operations as a rollout, straight through the public API."""
+    from rollbox.errors import RollboxError
+    from rollbox.models import Limits
+    from rollbox.sandbox import AsyncSandbox
+
+    base = BaselineStore(home).default().digest
+    sem = asyncio.Semaphore(conc)
+    lat: list[float] = []
+    scratch = Path(tempfile.mkdtemp(prefix="rbx-bench-api-"))
+
+    async def one(i: int) -> None:
+        async with sem:
+            t0 = time.perf_counter()
+            sbx = await AsyncSandbox.create(
+                base, backend="namespace", limits=Limits(), env={},
+                labels={"bench": "api"}, ttl=660, home=home,
+            )  # fmt: skip
+            try:
+                await sbx.files.write("/task/instruction.md", "Nothing to do.\n")
+                await sbx.files.upload(task / "tests", "/tests")
+                await sbx.exec(
+                    ["bash", "-c", "mkdir -p /logs/verifier && exec bash /tests/test.sh"]
+                )
+                assert (await sbx.files.read("/logs/verifier/reward.txt")).strip() == b"1"
+                try:
+                    await sbx.files.read("/logs/verifier/reward.json")
+                except RollboxError:
+                    pass
+                await sbx.files.download("/logs/verifier", scratch / str(i))
+            finally:
+                await sbx.destroy()
+            lat.append(time.perf_counter() - t0)
+
+    cpu0, t0 = cpu_self(), time.perf_counter()
+    async with asyncio.TaskGroup() as tg:
+        for i in range(n):
+            tg.create_task(one(i))
+    wall, cpu = time.perf_counter() - t0, cpu_self() - cpu0
+    shutil.rmtree(scratch, ignore_errors=True)
+    return {
+        "rollouts": n,
+        "wall_s": round(wall, 3),
+        "per_s": round(n / wall, 2),
+        "cpu_ms_per_rollout": round(cpu / n * 1000, 2),
+        **summary_ms(lat),
+    }
+
+
 def rollbox_run(home: Home, task: Path, n: int, conc: int, db: Path) -> dict[str, object]:
     meta = MetaStore(f"sqlite:///{db}", home=home)
     blobs = BlobStore(home)
@@ -181,6 +235,7 @@ def main() -> None:
     try:
         task = make_task(tmp)
         rb = rollbox_run(home, task, args.rollouts, args.concurrency, tmp / "bench.db")
+        api = asyncio.run(api_run(home, task, args.rollouts, args.concurrency))
         raw = asyncio.run(raw_run(lowers, args.rollouts, args.concurrency))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -198,6 +253,11 @@ def main() -> None:
             "figures include waiting for CPU that other work holds",
         },
         "rollbox": rb,
+        "sandbox_api_only": api,
+        "runner_cpu_ms_per_rollout": round(
+            float(rb["own_cpu_ms_per_rollout"]) - float(api["cpu_ms_per_rollout"]),
+            2,  # type: ignore[arg-type]
+        ),
         "raw_bwrap_overlay": raw,
         "ratio_throughput_raw_over_rollbox": round(float(raw["per_s"]) / float(rb["per_s"]), 2),  # type: ignore[arg-type]
         "targets": {"per_s": 40, "own_overhead_ms": 10},

@@ -114,8 +114,8 @@ class RunResult:
     """A finished (or interrupted) run."""
 
     run: RunRecord
-    rollouts: list[RolloutRecord] = field(default_factory=list)
-    runner: RolloutRunner | None = None
+    rollouts: list[RolloutRecord] = field(default_factory=list, repr=False)
+    runner: RolloutRunner | None = field(default=None, repr=False)
 
 
 def seed_for(run_id: str, task_digest_: str, attempt: int, base: int = 0) -> int:
