@@ -11,7 +11,7 @@ MASK = "***"
 
 def mask(text: str, secrets: list[str]) -> str:
     """``text`` with every secret value replaced by ``***`` (longest first)."""
-    for s in secrets:
+    for s in sorted(secrets, key=len, reverse=True):
         if s:
             text = text.replace(s, MASK)
     return text
