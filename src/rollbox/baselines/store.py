@@ -558,6 +558,21 @@ class BaselineStore:
             json.dumps({"digest": digest, "at": utcnow().isoformat()}).encode(),
         )
 
+    # ------------------------------------------------------------------ builders
+
+    def build(
+        self,
+        context: Path,
+        *,
+        dockerfile: Path | None = None,
+        build_args: dict[str, str] | None = None,
+        names: list[str] | None = None,
+    ) -> BaselineInfo:
+        """Build a Dockerfile with buildah (:func:`rollbox.baselines.builders.buildah.build`)."""
+        from rollbox.baselines.builders.buildah import build
+
+        return build(self, context, dockerfile=dockerfile, build_args=build_args, names=names)
+
     # ------------------------------------------------------------------ default
 
     def default(self) -> BaselineInfo:
