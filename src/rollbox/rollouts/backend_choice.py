@@ -8,7 +8,6 @@ a run and recorded in the run record.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,35 +25,28 @@ class BackendChoice:
 
 
 def _kvm_verdict(home: Home) -> tuple[bool, str]:
-    """Ask the microVM backend's probe whether KVM is usable; (usable, explanation)."""
+    """Ask the microVM backend whether KVM is usable; (usable, explanation).
+
+    The backend's ``prepare()`` fetches its guest kernel and runs the accelerator probe once
+    per host boot (cached); ``accelerator()`` then says ``kvm`` or ``tcg`` and why.
+    """
     try:
-        probe = importlib.import_module("rollbox.backends.microvm.probe")
-    except ImportError:
-        return False, "microvm backend has no accelerator probe here"
-    for fname in ("kvm_usable", "probe_kvm", "probe_accelerator", "detect_accelerator", "probe"):
-        fn = getattr(probe, fname, None)
-        if not callable(fn):
-            continue
-        try:
-            try:
-                result: Any = fn(home)
-            except TypeError:
-                result = fn()
-        except RollboxError as exc:
-            return False, f"KVM probe failed: {exc.one_line()}"
-        except Exception as exc:
-            return False, f"KVM probe failed: {type(exc).__name__}: {exc}"
-        accel = getattr(result, "accelerator", result)
-        if isinstance(accel, bool):
-            detail = getattr(result, "reason", "") or ""
-            return accel, str(detail) or ("KVM guest booted" if accel else "KVM not usable")
-        if isinstance(accel, str):
-            why = str(getattr(result, "reason", "") or "")
-            usable = accel == "kvm"
-            text = why or f"accelerator probe says {accel}"
-            return usable, text
-        return False, f"KVM probe gave an unexpected answer: {result!r}"
-    return False, "microvm probe offers no KVM check"
+        be = get_backend("microvm", home)
+    except (ImportError, AttributeError, RollboxError) as exc:
+        return False, f"microvm backend not available ({exc})"
+    if not hasattr(type(be), "accelerator"):
+        return False, "microvm backend has no accelerator probe"
+    try:
+        be.prepare()
+        value: Any = getattr(be, "accelerator")  # noqa: B009 (a property of the microVM backend)
+        result: Any = value() if callable(value) else value
+    except RollboxError as exc:
+        return False, f"microvm unavailable: {exc.one_line()}"
+    except Exception as exc:
+        return False, f"microvm probe failed: {type(exc).__name__}: {exc}"
+    accel = str(getattr(result, "accelerator", result))
+    why = str(getattr(result, "reason", "") or f"accelerator {accel}")
+    return accel == "kvm", why
 
 
 def _works(name: str, home: Home) -> tuple[bool, str]:
