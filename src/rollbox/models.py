@@ -342,7 +342,16 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 """A float that is neither NaN nor infinite (JSON cannot carry those)."""
 
 
-class PhaseStamp(Model):
+class RecordModel(Model):
+    """Base of the run/rollout records: field docstrings also become JSON-schema
+    descriptions (the export schema in docs/store-export.schema.json)."""
+
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, use_attribute_docstrings=True
+    )
+
+
+class PhaseStamp(RecordModel):
     """The moment a rollout entered a phase."""
 
     phase: Phase
@@ -351,7 +360,7 @@ class PhaseStamp(Model):
     """When (UTC)."""
 
 
-class BlobRef(Model):
+class BlobRef(RecordModel):
     """A reference to a content-addressed blob in ``ROLLBOX_HOME/blobs``."""
 
     name: str
@@ -371,7 +380,7 @@ class BlobRef(Model):
         return v
 
 
-class VerifierOutcome(Model):
+class VerifierOutcome(RecordModel):
     """What the verifier said about one rollout."""
 
     reward: FiniteFloat | None = None
@@ -394,7 +403,7 @@ class VerifierOutcome(Model):
     """Wall-clock time of the verifier command."""
 
 
-class FsChange(Model):
+class FsChange(RecordModel):
     """One path that differs between the baseline and the sandbox's final filesystem."""
 
     path: str
@@ -409,7 +418,7 @@ class FsChange(Model):
     """Kind of filesystem object (after the change; before it when deleted)."""
 
 
-class TrajectoryStep(Model):
+class TrajectoryStep(RecordModel):
     """One step of a policy's trajectory (action taken, observation received)."""
 
     action: Any
@@ -426,7 +435,7 @@ class TrajectoryStep(Model):
     """Free-form extra data of the step."""
 
 
-class RolloutRecord(Model):
+class RolloutRecord(RecordModel):
     """The durable provenance record of one rollout (one attempt of one task)."""
 
     schema_version: int = SCHEMA_VERSION
@@ -531,7 +540,7 @@ class RolloutRecord(Model):
         return None
 
 
-class RunRecord(Model):
+class RunRecord(RecordModel):
     """One run: a batch of rollouts (tasks x attempts) with concurrency and retry policy."""
 
     schema_version: int = SCHEMA_VERSION
@@ -576,7 +585,7 @@ class RunRecord(Model):
     """``sha256:…`` over the canonical run record (set by ``provenance.seal_run``)."""
 
 
-class Quantiles(Model):
+class Quantiles(RecordModel):
     """Summary statistics of a duration sample, in seconds."""
 
     n: int = 0
@@ -593,7 +602,7 @@ class Quantiles(Model):
     """Maximum."""
 
 
-class TaskSummary(Model):
+class TaskSummary(RecordModel):
     """Per-task results of a run (final attempts only; retried records excluded)."""
 
     task: str
@@ -614,7 +623,7 @@ class TaskSummary(Model):
     """Attempts that ended failed/infra_error/interrupted."""
 
 
-class PlatformSummary(Model):
+class PlatformSummary(RecordModel):
     """Infrastructure figures of a run."""
 
     rollouts: int
@@ -649,7 +658,7 @@ class PlatformSummary(Model):
     """What the cleanup check found left over."""
 
 
-class RunSummary(Model):
+class RunSummary(RecordModel):
     """The report of a run: per task results and platform figures."""
 
     run_id: str

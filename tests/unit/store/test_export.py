@@ -5,13 +5,14 @@ from __future__ import annotations
 import base64
 import io
 import json
+from pathlib import Path
 
 import pytest
 
 from rollbox.errors import RunNotFoundError
 from rollbox.models import RolloutRecord
 from rollbox.store.blobs import BlobStore
-from rollbox.store.export import EXPORT_SCHEMA, export_run
+from rollbox.store.export import EXPORT_SCHEMA, ExportLine, export_run, json_schema
 from rollbox.store.metadata import MetaStore
 
 from .records import make_rollout, make_run
@@ -48,6 +49,8 @@ def test_export_lines_parse_and_match_records(meta: MetaStore, blobs: BlobStore)
         assert rec == by_id[doc["rollout_id"]]
         assert doc["reward"] == 1.0 and doc["passed"] is True and doc["final"] is True
         assert doc["instruction"] == f"Do the {doc['task']} thing.\n"
+        # every line is valid against the documented schema (strict: no unknown fields)
+        assert ExportLine.model_validate_json(raw).rollout_id == doc["rollout_id"]
 
 
 def test_export_with_blobs_round_trips_text_and_binary(meta: MetaStore, blobs: BlobStore) -> None:
@@ -71,3 +74,11 @@ def test_export_with_blobs_round_trips_text_and_binary(meta: MetaStore, blobs: B
 def test_export_unknown_run(meta: MetaStore, blobs: BlobStore) -> None:
     with pytest.raises(RunNotFoundError):
         export_run(meta, blobs, "run-nope", io.StringIO(), include_blobs=False)
+
+
+def test_committed_schema_file_matches_the_code() -> None:
+    path = Path(__file__).resolve().parents[3] / "docs" / "store-export.schema.json"
+    committed = json.loads(path.read_text())
+    assert committed == json_schema(), "regenerate docs/store-export.schema.json"
+    assert {"schema", "record", "reward", "blobs"} <= set(committed["properties"])
+    assert "blobs" not in committed["required"]
