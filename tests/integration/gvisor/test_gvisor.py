@@ -51,6 +51,9 @@ def test_runs_in_gvisor_writes_reach_the_host_upper(
             assert (upper / "tmp/t").read_text() == "t\n"  # /tmp is the overlay's, too
             await h.write_file("/root/from-host", "hello")
             assert (await h.exec(["cat", "/root/from-host"])).stdout == "hello"
+            # coreutils' statx flags work (through the LD_PRELOAD shim).
+            r = await h.exec("ls /root; stat -c %s /root/from-host")
+            assert r.stdout == "from-host\ninside\n5\n", r
         finally:
             await h.destroy()
 

@@ -49,7 +49,7 @@ from rollbox.backends.agent.protocol import ExecRequest
 from rollbox.backends.base import OutputCallback
 from rollbox.backends.common.bundle import DEFAULT_PATH, oci_config, write_bundle
 from rollbox.backends.common.cgroups import Cgroup
-from rollbox.backends.gvisor.helper import helper_binary
+from rollbox.backends.gvisor.helper import helper_binary, statx_shim
 from rollbox.backends.namespace.backend import NamespaceBackend, NamespaceSandbox, _ping_sync
 from rollbox.backends.namespace.capture import StreamCapture
 from rollbox.backends.state import read_state
@@ -72,6 +72,9 @@ PIDS_OVERHEAD = 512
 """Host tasks allowed for the sentry's threads, gofer and stubs on top of ``Limits.pids``."""
 AGENT_DIR = "/run/.rollbox"
 SOCKET_IN_SANDBOX = "/run/rollbox/agent.sock"
+STATX_SHIM = f"{AGENT_DIR}/statx.so"
+"""LD_PRELOADed into every exec: gVisor 20221219's statx() rejects AT_NO_AUTOMOUNT, which
+breaks ``ls`` and ``stat`` of current coreutils (see ``statx_fix.c``)."""
 START_TIMEOUT_S = 20.0
 
 
@@ -97,11 +100,12 @@ class GVisorBackend(NamespaceBackend):
         super().__init__(home)
         self._runsc: str | None = None
         self._helper: Path | None = None
+        self._statx: Path | None = None
 
     # Per process: a sandbox create makes a new backend instance, and `runsc --version`
     # alone costs ~40 ms.
     _runsc_version: ClassVar[str | None] = None
-    _prepared: ClassVar[dict[Path, tuple[str, Path, Path]]] = {}
+    _prepared: ClassVar[dict[Path, tuple[str, Path, Path, Path]]] = {}
 
     def version(self) -> str:
         """``runsc version <...>``."""
@@ -125,7 +129,7 @@ class GVisorBackend(NamespaceBackend):
             return
         cached = GVisorBackend._prepared.get(self.home.root)
         if cached is not None and all(Path(p).exists() for p in cached):
-            self._runsc, self._helper, self._agent = cached
+            self._runsc, self._helper, self._agent, self._statx = cached
             self._bwrap = self._runsc
             self._seccomp = Path(os.devnull)  # runsc applies its own seccomp to the sentry
             return
@@ -147,7 +151,8 @@ class GVisorBackend(NamespaceBackend):
         self._runsc = runsc
         self._bwrap = runsc
         self._agent = agent_binary(self.home)
-        GVisorBackend._prepared[self.home.root] = (runsc, self._helper, self._agent)
+        self._statx = statx_shim(self.home)
+        GVisorBackend._prepared[self.home.root] = (runsc, self._helper, self._agent, self._statx)
 
     def check(self, spec: SandboxSpec) -> None:
         """Preflight as the namespace backend; memory snapshots are refused."""
@@ -169,7 +174,7 @@ class GVisorBackend(NamespaceBackend):
         ``lfd`` (the base class's host-made listening socket) cannot be passed into gVisor;
         the helper makes the socket inside instead, at the same host path.
         """
-        assert self._agent is not None and self._helper is not None
+        assert self._agent is not None and self._helper is not None and self._statx is not None
         sid = sdir.name
         # Allowance for gVisor's own host processes (see the module docstring).
         host_limits = spec.limits.model_copy(
@@ -202,7 +207,11 @@ class GVisorBackend(NamespaceBackend):
             hostname=spec.hostname,
             limits=spec.limits,
             cgroups_path=f"/{cg.name}",
-            ro_binds={f"{AGENT_DIR}/agent": self._agent, f"{AGENT_DIR}/uds-listen": self._helper},
+            ro_binds={
+                f"{AGENT_DIR}/agent": self._agent,
+                f"{AGENT_DIR}/uds-listen": self._helper,
+                STATX_SHIM: self._statx,
+            },
             # runsc mounts its own tmpfs on an empty /tmp unless the spec mounts something
             # there; bind the overlay's /tmp so /tmp writes count against the disk limit
             # and show in snapshots, forks and the files API like everywhere else.
@@ -452,6 +461,8 @@ class GVisorSandbox(NamespaceSandbox):
         full_env = self._base_env(homedir)
         full_env.update(env or {})
         full_env.update(secrets or {})
+        preload = full_env.get("LD_PRELOAD")
+        full_env["LD_PRELOAD"] = f"{STATX_SHIM}:{preload}" if preload else STATX_SHIM
         req = ExecRequest(
             argv=argv,
             env=full_env,
