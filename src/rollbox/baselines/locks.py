@@ -25,6 +25,21 @@ def flock(path: Path, *, shared: bool = False) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
+def lock_is_held(path: Path) -> bool:
+    """True when some process holds a flock on ``path`` right now."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 @contextlib.contextmanager
 def staging_dir(tmp: Path, label: str = "") -> Iterator[Path]:
     """A fresh directory in ``tmp`` held under flock while in use, removed afterwards.

@@ -20,7 +20,7 @@ from pathlib import Path
 from rollbox.baselines import dockerfile as df
 from rollbox.baselines.builders.proc import run
 from rollbox.baselines.builders.skopeo import import_image, is_loopback_registry
-from rollbox.baselines.locks import flock
+from rollbox.baselines.locks import flock, lock_is_held
 from rollbox.baselines.refs import hex_of
 from rollbox.baselines.store import BaselineStore
 from rollbox.errors import BaselineNotFoundError, BuildError, RecipeError, UnknownBaseImageError
@@ -149,6 +149,25 @@ def _named(store: BaselineStore, info: BaselineInfo, names: list[str]) -> Baseli
         return store._set_names(info, add=names)
 
 
+def remove_stale_build_images(store: BaselineStore) -> list[str]:
+    """Remove this home's ``rollbox-build`` images whose build is no longer running (left
+    by a build killed after buildah tagged its result); return their names."""
+    out = run(["buildah", "images", "--format", "{{.Name}}:{{.Tag}}"]).stdout
+    prefix = f"{BUILD_REPO}:{store.home.tag}-"
+    removed: list[str] = []
+    for image in out.split():
+        if not image.startswith(prefix):
+            continue
+        key16 = image[len(prefix) :].split("-", 1)[0]
+        for lock in store.home.locks.glob(f"build-{key16}*.lock"):
+            if lock_is_held(lock):
+                break
+        else:
+            run(["buildah", "rmi", "--force", image])
+            removed.append(image)
+    return removed
+
+
 def _build_uncached(
     store: BaselineStore,
     context: Path,
@@ -159,6 +178,7 @@ def _build_uncached(
     build_args: dict[str, str],
     key: str,
 ) -> BaselineInfo:
+    remove_stale_build_images(store)
     local = {img: _ensure_in_containers_storage(store, b) for img, b in bases.items()}
     # a copy of the Dockerfile whose FROM lines name the containers-storage images
     lines: list[str] = []

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import shutil
+import signal
 import subprocess
 
 from rollbox.errors import BackendUnavailableError
@@ -21,11 +23,22 @@ def need(tool: str) -> str:
     return path
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # if rollbox is killed, the tool is interrupted too instead of finishing a build that
+    # nobody will commit (and leaving its result behind in containers-storage)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 def run(cmd: list[str], *, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``cmd``; stdout and stderr captured together, never raises on exit status."""
     need(cmd[0])
     return subprocess.run(
         cmd,
+        preexec_fn=_die_with_parent,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
