@@ -50,8 +50,10 @@ class Runs:
     db_url: str
     tasks: Path
 
-    def run(self, dirs: list[Path], **kw: object) -> tuple[RunRecord, list[RolloutRecord]]:
-        opts = RunOptions(task_dirs=[str(d) for d in dirs], backend="namespace", **kw)  # type: ignore[arg-type]
+    def run(
+        self, dirs: list[Path], backend_override: str = "namespace", **kw: object
+    ) -> tuple[RunRecord, list[RolloutRecord]]:
+        opts = RunOptions(task_dirs=[str(d) for d in dirs], backend=backend_override, **kw)  # type: ignore[arg-type]
         r = Run(self.home, self.meta, self.blobs, opts)
         r.start_new()
         result = asyncio.run(r.execute())
