@@ -256,7 +256,8 @@ def verify_cmd(
         verdict = "[green]OK[/]" if report.ok else f"[red]FAILED ({len(report.problems)})[/]"
         console.print(
             f"verify {report.run_id}: {verdict} — {report.rollouts_checked} rollouts,"
-            f" {report.blobs_checked} blobs re-hashed, run sealed: {report.sealed}"
+            f" {report.blobs_checked} blob references ({report.distinct_blobs} distinct blobs"
+            f" re-hashed), run sealed: {report.sealed}"
         )
 
     emit(report, json_, human)

@@ -75,15 +75,26 @@ def seal(record: RolloutRecord, blobs: BlobStore) -> RolloutRecord:
     return record.model_copy(update={"provenance_digest": compute(record, blobs)})
 
 
-def check(record: RolloutRecord, blobs: BlobStore) -> list[str]:
+def check(
+    record: RolloutRecord, blobs: BlobStore, hashes: dict[str, str | None] | None = None
+) -> list[str]:
     """Problems with a stored rollout record and its blobs (empty when all is intact).
 
     Each problem is one line naming the rollout and what is wrong: a blob missing, a blob
     whose content changed, the record not sealed, or the record itself tampered with.
+
+    Args:
+        record: The stored record.
+        blobs: The blob store.
+        hashes: Memo of content hashes (digest -> recomputed hash) shared across the records
+            of one check, so a blob many records share (the task copy) is read once.
     """
     problems: list[str] = []
+    memo: dict[str, str | None] = {} if hashes is None else hashes
     for ref in _refs(record):
-        actual = blobs.hash_of(ref.digest)
+        if ref.digest not in memo:
+            memo[ref.digest] = blobs.hash_of(ref.digest)
+        actual = memo[ref.digest]
         if actual is None:
             problems.append(f"rollout {record.id}: blob {ref.name!r} ({ref.digest}) is missing")
         elif actual != ref.digest:

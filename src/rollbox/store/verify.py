@@ -34,7 +34,9 @@ class VerifyReport(Model):
     rollouts_checked: int
     """Rollout records checked."""
     blobs_checked: int
-    """Blob references checked (each content re-hashed)."""
+    """Blob references checked."""
+    distinct_blobs: int = 0
+    """Distinct blobs re-hashed from disk (each once, however many records share it)."""
     problems: list[str] = []
     """One line per problem: what is tampered or missing."""
     warnings: list[str] = []
@@ -71,6 +73,7 @@ def verify_run(meta: MetaStore, blobs: BlobStore, run_id: str) -> VerifyReport:
     digests: dict[str, str | None] = {}
     records: list[RolloutRecord] = []
     blob_count = 0
+    hashes: dict[str, str | None] = {}  # each distinct blob is re-hashed once per verify
     for raw in raws:
         rid = str(raw.columns["id"])
         try:
@@ -88,7 +91,7 @@ def verify_run(meta: MetaStore, blobs: BlobStore, run_id: str) -> VerifyReport:
         digests[rid] = rec.provenance_digest
         problems += _column_problems(rec, raw.columns)
         blob_count += len(rec.blob_refs())
-        found = provenance.check(rec, blobs)
+        found = provenance.check(rec, blobs, hashes)
         if rec.provenance_digest is None and rec.status in _UNFINISHED:
             warnings.append(f"rollout {rec.id}: unfinished ({rec.status}), not sealed yet")
             found = [p for p in found if "not sealed" not in p]
@@ -119,6 +122,7 @@ def verify_run(meta: MetaStore, blobs: BlobStore, run_id: str) -> VerifyReport:
         sealed=sealed,
         rollouts_checked=len(raws),
         blobs_checked=blob_count,
+        distinct_blobs=len(hashes),
         problems=problems,
         warnings=warnings,
     )
