@@ -179,7 +179,11 @@ class MetaStore:
         else:
             self.engine = create_engine(self.url, pool_recycle=1800, pool_size=8, max_overflow=16)
         self._rollout_upsert = self._upsert_stmt(rollouts_table)
-        self._migrate()
+        try:
+            self._migrate()
+        except BaseException:
+            self.engine.dispose()
+            raise
 
     # ------------------------------------------------------------------ plumbing
 
