@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rollbox.baselines import layers
+from rollbox.errors import StoreError
 
 
 def _tar_names(data: bytes) -> dict[str, tarfile.TarInfo]:
@@ -125,3 +126,33 @@ def test_check_layer_names_changed_missing_and_extra(tmp_path: Path) -> None:
     assert layers.check_layer(tmp_path / "nope", man) == [
         f"{tmp_path / 'nope'} (layer directory missing)"
     ]
+
+
+@pytest.mark.root
+def test_unpack_never_writes_through_a_symlink_outside(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        link = tarfile.TarInfo("esc")
+        link.type = tarfile.SYMTYPE
+        link.linkname = str(outside)
+        tar.addfile(link)
+        data = b"pwned"
+        f = tarfile.TarInfo("esc/pwned")
+        f.size = len(data)
+        tar.addfile(f, io.BytesIO(data))
+        rel = tarfile.TarInfo("up")
+        rel.type = tarfile.SYMTYPE
+        rel.linkname = "../outside"
+        tar.addfile(rel)
+        g = tarfile.TarInfo("up/pwned2")
+        g.size = len(data)
+        tar.addfile(g, io.BytesIO(data))
+    blob = tmp_path / "evil.tar"
+    blob.write_bytes(buf.getvalue())
+    try:
+        layers.unpack_blob(blob, tmp_path / "out")
+    except StoreError:
+        pass  # refusing the archive is fine too
+    assert list(outside.iterdir()) == []
