@@ -250,14 +250,18 @@ class BaselineStore:
         config, diff_ids = oci.parse_config(cfg_path.read_bytes(), len(layer_descs))
         parsed = oci.ParsedImage(_doc, _media, cfg_desc, layer_descs, config, diff_ids)
         unpacked: dict[str, Path] = {}
-        for desc, diff_id in zip(layer_descs, diff_ids, strict=True):
-            if self.layer_path(diff_id).is_dir() or diff_id in unpacked:
-                continue
-            blob = blobs.get(desc.digest) or self.blob_path(desc.digest)
-            target = stage / f"layer-{hex_of(diff_id)}"
-            layerlib.unpack_blob(blob, target)
-            layerlib.write_manifest(target, stage / f"layer-{hex_of(diff_id)}.files.json")
-            unpacked[diff_id] = target
+
+        def unpack_missing() -> None:
+            for desc, diff_id in zip(layer_descs, diff_ids, strict=True):
+                if self.layer_path(diff_id).is_dir() or diff_id in unpacked:
+                    continue
+                blob = blobs.get(desc.digest) or self.blob_path(desc.digest)
+                target = stage / f"layer-{hex_of(diff_id)}"
+                layerlib.unpack_blob(blob, target)
+                layerlib.write_manifest(target, stage / f"layer-{hex_of(diff_id)}.files.json")
+                unpacked[diff_id] = target
+
+        unpack_missing()  # the slow part, outside the lock
         if parent is None:
             # snapshots record their parent in the manifest, so lineage survives export/import
             annotated = (_doc.get("annotations") or {}).get(oci.BASE_DIGEST)
@@ -274,6 +278,13 @@ class BaselineStore:
             created_at=utcnow(),
         )
         with self.lock():
+            # a gc that ran meanwhile may have removed what we found in the store before
+            for desc in [cfg_desc, *layer_descs]:
+                if desc.digest not in blobs and not self.blob_path(desc.digest).is_file():
+                    raise StoreError(
+                        f"blob {desc.digest} was removed by a concurrent gc", hint="retry"
+                    )
+            unpack_missing()
             for d in (self.home.oci / "blobs" / "sha256", self.home.layers, self.home.baselines):
                 d.mkdir(parents=True, exist_ok=True)
             layout = self.home.oci / "oci-layout"
