@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from rollbox import __version__
+from rollbox.backends.base import Backend
+from rollbox.backends.registry import get_backend
 from rollbox.config import Home
 from rollbox.errors import (
     BackendError,
@@ -49,12 +51,14 @@ from rollbox.errors import (
 )
 from rollbox.ids import new_id
 from rollbox.models import (
+    BaselineInfo,
     BlobRef,
     ErrorKind,
     FsChange,
     PhaseStamp,
     RolloutRecord,
     RolloutStatus,
+    SandboxSpec,
     VerifierOutcome,
     utcnow,
 )
@@ -129,6 +133,8 @@ class RolloutRunner:
         self.host = socket.gethostname()
         self._task_blobs: dict[str, BlobRef] = {}
         self._stored: set[str] = set()
+        self._be: Backend | None = None
+        self._infos: dict[str, BaselineInfo] = {}
         self._versions: dict[str, str] = {}
         self._lineage: dict[str, list[str]] = {}
         self._lowers: dict[str, list[Path]] = {}
@@ -225,17 +231,19 @@ class RolloutRunner:
         ttl = task.agent.timeout_sec + task.verifier.timeout_sec + TTL_MARGIN_S
         t0 = time.perf_counter()
         try:
-            sbx = await AsyncSandbox.create(
-                baseline,
+            be = self._backend()
+            spec = SandboxSpec(
+                baseline=baseline,
                 backend=self.backend,
                 limits=task.limits(),
                 network=task.network(),
                 env=dict(task.environment.env),
                 labels={"rollbox.run": self.run_id, "rollbox.rollout": rec.id},
-                ttl=ttl,
+                ttl_s=ttl,
                 workdir=task.environment.workdir,
-                home=self.home,
             )
+            be.check(spec)
+            sbx = AsyncSandbox(await be.create(spec, self._baseline_info(baseline)), be)
         except BackendError as exc:
             raise _Fail("infra_error", "infra", f"provisioning failed: {exc.one_line()}") from None
         except RollboxError as exc:
@@ -244,6 +252,23 @@ class RolloutRunner:
             self._time(rec).backend_s += time.perf_counter() - t0
         rec.sandbox_ids = [*rec.sandbox_ids, sbx.id]
         return sbx
+
+    def _backend(self) -> Backend:
+        """One prepared backend instance for the whole run (what ``AsyncSandbox.create``
+        does per call — registry lookup, ``prepare()``, baseline resolution — done once)."""
+        if self._be is None:
+            be = get_backend(self.backend, self.home)
+            be.prepare()
+            self._be = be
+        return self._be
+
+    def _baseline_info(self, digest: str) -> BaselineInfo:
+        info = self._infos.get(digest)
+        if info is None:
+            from rollbox.baselines.store import BaselineStore
+
+            info = self._infos[digest] = BaselineStore(self.home).resolve(digest)
+        return info
 
     def _time(self, rec: RolloutRecord) -> Timing:
         t = self.timing.get(rec.id)
@@ -332,6 +357,9 @@ class RolloutRunner:
     ) -> None:
         task = plan.task
         timing = self._time(rec)
+        if not (task.tests_dir / "test.sh").is_file():
+            # Known before any sandbox starts: no verifier, no rollout worth running.
+            raise _Fail("failed", "task", f"task {task.name} has no tests/test.sh")
         sbx = await self._create(plan, rec, plan.baseline)
         sandboxes.append(sbx)
         # Saved once the sandbox exists: a killed run leaves a "running" record naming it.
@@ -361,8 +389,6 @@ class RolloutRunner:
         self._record_agent(rec, outcome)
 
         rec.stamp("verify")
-        if not (task.tests_dir / "test.sh").is_file():
-            raise _Fail("failed", "task", f"task {task.name} has no tests/test.sh")
         vsbx = sbx
         top_layer: Path | None = None
         if task.verifier.environment_mode == "separate":
