@@ -356,6 +356,40 @@ class GVisorBackend(NamespaceBackend):
         return super().cleanup_orphans(dry_run=dry_run) + lines
 
 
+def exec_victims(procs: list[tuple[int, int, str]], pid: int, other_execs: set[int]) -> list[int]:
+    """The processes to kill for a timed-out exec whose command is ``pid``.
+
+    Args:
+        procs: ``(pid, ppid, command)`` of every process inside (``runsc ps``).
+        pid: the exec's command (a child of its agent session).
+        other_execs: command pids of other execs still running in the sandbox.
+
+    Returns:
+        ``pid`` and its descendants, plus orphans re-parented to PID 1 with a higher pid
+        (started after the exec) that are not agent sessions, and their descendants --
+        minus anything descending from ``other_execs``. Sorted; never PID 1.
+    """
+    children: dict[int, list[int]] = {}
+    for p, pp, _cmd in procs:
+        children.setdefault(pp, []).append(p)
+
+    def tree(roots: list[int]) -> set[int]:
+        out: set[int] = set()
+        stack = list(roots)
+        while stack:
+            q = stack.pop()
+            if q in out or q == 1:
+                continue
+            out.add(q)
+            stack += children.get(q, [])
+        return out
+
+    protected = tree(sorted(other_execs))
+    orphans = [p for p, pp, cmd in procs if pp == 1 and p > pid and cmd != "agent"]
+    victims = tree([pid, *orphans]) - protected
+    return sorted(victims & {p for p, _pp, _cmd in procs})
+
+
 def _listdir(path: Path) -> list[Path]:
     try:
         return list(path.iterdir())
@@ -403,34 +437,13 @@ class GVisorSandbox(NamespaceSandbox):
         killed: list[int] = []
         for _ in range(10):
             procs = await self.processes()
-            children: dict[int, list[int]] = {}
-            for p, pp, _cmd in procs:
-                children.setdefault(pp, []).append(p)
-            others: set[int] = set()
-            for other in self._running_pids - {pid}:
-                stack = [other]
-                while stack:
-                    q = stack.pop()
-                    others.add(q)
-                    stack += children.get(q, [])
-            victims: set[int] = set()
-            roots = [pid] + [
-                p for p, pp, cmd in procs if pp == 1 and p > pid and cmd != "agent" and p != pid
-            ]
-            stack = [r for r in roots if r not in others]
-            while stack:
-                q = stack.pop()
-                if q in victims or q == 1:
-                    continue
-                victims.add(q)
-                stack += children.get(q, [])
-            victims &= {p for p, _pp, _c in procs}
+            victims = exec_victims(procs, pid, self._running_pids - {pid})
             if not victims:
                 break
             await asyncio.gather(
-                *(self._runsc("kill", "--pid", str(v), self.id, "KILL") for v in sorted(victims))
+                *(self._runsc("kill", "--pid", str(v), self.id, "KILL") for v in victims)
             )
-            killed += sorted(victims)
+            killed += victims
         return killed
 
     async def exec(
