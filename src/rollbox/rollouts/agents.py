@@ -6,7 +6,8 @@
   in ``/task/instruction.md`` and in ``$ROLLBOX_INSTRUCTION``;
 * ``python:<module>:<callable>`` — a policy driving the sandbox from outside, the way an RL
   trainer's policy does: ``await policy(sandbox, instruction)`` with an
-  :class:`~rollbox.sandbox.AsyncSandbox`; it may return a trajectory (a list of steps, each a
+  :class:`~rollbox.sandbox.AsyncSandbox` (and ``seed=`` when it takes that keyword); it may
+  return a trajectory (a list of steps, each a
   dict with ``action``, ``observation``, ``started_at``, ``ended_at`` and anything else), or use
   :class:`Trajectory` to record one while it drives the sandbox.
 
@@ -64,6 +65,8 @@ class AgentContext:
     timeout: float
     workdir: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    seed: int | None = None
+    """The rollout's seed: ``$ROLLBOX_SEED`` for commands, ``seed=`` for policies taking it."""
 
 
 class Agent(abc.ABC):
@@ -236,6 +239,13 @@ class PythonAgent(Agent):
         self.fn = fn
         self.spec = f"python:{module}:{attr}"
         self._source_hash: str | None = None
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            params = {}  # type: ignore[assignment]
+        self._takes_seed = "seed" in params or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+        )
         mod = importlib.import_module(module)
         src = getattr(mod, "__file__", None)
         if src and Path(src).is_file():
@@ -249,7 +259,10 @@ class PythonAgent(Agent):
         steps: list[dict[str, Any]] | None = None
         try:
             async with asyncio.timeout(ctx.timeout):
-                result = self.fn(ctx.sandbox, ctx.task.instruction)
+                if self._takes_seed:
+                    result = self.fn(ctx.sandbox, ctx.task.instruction, seed=ctx.seed)  # type: ignore[call-arg]
+                else:
+                    result = self.fn(ctx.sandbox, ctx.task.instruction)
                 if inspect.isawaitable(result):
                     result = await result
             steps = _normalise_trajectory(result)

@@ -188,11 +188,12 @@ class RolloutRunner:
     def new_record(self, plan: RolloutPlan) -> RolloutRecord:
         """The initial (queued) record of a plan."""
         task = plan.task
-        env_names = sorted(
-            {*task.environment.env, *task.verifier.env, "ROLLBOX_INSTRUCTION"}
-            if plan.agent.spec.startswith("cmd:")
-            else {*task.environment.env, *task.verifier.env}
-        )
+        names = {*task.environment.env, *task.verifier.env}
+        if plan.agent.spec == "oracle" or plan.agent.spec.startswith("cmd:"):
+            names.add("ROLLBOX_SEED")
+        if plan.agent.spec.startswith("cmd:"):
+            names |= {"ROLLBOX_INSTRUCTION", "ROLLBOX_INSTRUCTION_FILE"}
+        env_names = sorted(names)
         return RolloutRecord(
             id=new_id("ro"),
             run_id=self.run_id,
@@ -381,7 +382,12 @@ class RolloutRunner:
 
         rec.stamp("agent")
         ctx = AgentContext(
-            sandbox=sbx, task=task, timeout=task.agent.timeout_sec, workdir=task.environment.workdir
+            sandbox=sbx,
+            task=task,
+            timeout=task.agent.timeout_sec,
+            workdir=task.environment.workdir,
+            env={"ROLLBOX_SEED": str(plan.seed)},
+            seed=plan.seed,
         )
         t0 = time.perf_counter()
         outcome = await plan.agent.run(ctx)

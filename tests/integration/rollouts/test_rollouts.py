@@ -231,3 +231,22 @@ def test_run_on_postgresql(runs: Runs) -> None:
         assert all(check(x, runs.blobs) == [] for x in recs)
         assert meta.get_run(result.run.id).provenance_digest is not None
         meta.close()
+
+
+def test_seed_reaches_commands_and_policies(
+    runs: Runs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = runs.task("seeded", toml='artifacts = ["/tmp/out.txt"]\n')
+    _, (rec,) = runs.run([t], agent="cmd:echo $ROLLBOX_SEED > /tmp/out.txt")
+    (art,) = [a for a in rec.artifacts if a.name == "/tmp/out.txt"]
+    assert runs.blobs.get(art.digest).decode().strip() == str(rec.seed)
+    (tmp_path / "seeded_policy_d2.py").write_text(
+        "async def act(sbx, instruction, *, seed):\n"
+        "    await sbx.exec(f'echo {seed} > /tmp/out.txt')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _, (rec2,) = runs.run([t], agent="python:seeded_policy_d2:act")
+    sys.modules.pop("seeded_policy_d2", None)
+    (art2,) = [a for a in rec2.artifacts if a.name == "/tmp/out.txt"]
+    assert runs.blobs.get(art2.digest).decode().strip() == str(rec2.seed)
+    assert rec2.seed != rec.seed  # per run and attempt
