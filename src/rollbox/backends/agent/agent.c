@@ -4,8 +4,8 @@
  *
  * Modes:
  *   rollbox-agent launch PROCS[,PROCS...] NETNS|- -- PROG ARGS...
- *       fork (the parent exits at once), setsid, write our pid into each cgroup.procs
- *       file, enter the network namespace NETNS if given, then exec PROG (used on the
+ *       fork (the parent exits at once), setsid, fork again (the middle process only
+ *       waits to reap bwrap), write our pid into each cgroup.procs file, enter the network namespace NETNS if given, then exec PROG (used on the
  *       host so bwrap and everything below it start inside the sandbox's cgroups).
  *   rollbox-agent serve FD
  *       PID 1 of the sandbox: accept connections on the listening unix socket FD; every
@@ -362,6 +362,17 @@ static int launch(char *procs, const char *netns, char **argv) {
     if (f < 0) return 125;
     if (f > 0) return 0;
     setsid();
+    /* Stay as bwrap's parent (outside the sandbox's cgroups) only to reap it the moment
+     * it dies: the host's init may reap orphans late, and a zombie keeps charges. */
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    pid_t g = fork();
+    if (g < 0) _exit(125);
+    if (g > 0) {
+        for (int fd = 0; fd < 1024; fd++) close(fd);
+        /* Reap bwrap and, as subreaper, whatever of the sandbox gets orphaned. */
+        while (waitpid(-1, NULL, 0) > 0 || errno == EINTR) {}
+        _exit(0);
+    }
     char pid[32];
     int n = snprintf(pid, sizeof pid, "%d", (int)getpid());
     for (char *tok = strtok(procs, ","); tok; tok = strtok(NULL, ",")) {

@@ -34,6 +34,7 @@ from rollbox.backends.agent.protocol import ExecRequest
 from rollbox.backends.base import Backend, OutputCallback, SandboxHandle
 from rollbox.backends.common.cgroups import Cgroup, remove_orphan_cgroups
 from rollbox.backends.common.rootfs import Rootfs, remove_orphan_mounts, remove_sandbox_dir
+from rollbox.backends.namespace import teardown
 from rollbox.backends.namespace.capture import StreamCapture
 from rollbox.backends.namespace.files import RootFiles
 from rollbox.backends.namespace.seccomp import filter_file
@@ -305,7 +306,9 @@ class NamespaceBackend(Backend):
         errors: list[str] = []
         cg = Cgroup.open(self.home.tag, sandbox_id)
         try:
-            cg.destroy()
+            fast = teardown.kill_sandbox(cg) and teardown.remove_cgroup_dirs(cg)
+            if not fast:
+                cg.destroy()
         except (OSError, RollboxError) as exc:
             errors.append(f"cgroup: {exc}")
         if net is not None:
@@ -316,7 +319,9 @@ class NamespaceBackend(Backend):
                 except (OSError, RollboxError) as exc:
                     errors.append(f"network: {exc}")
         try:
-            remove_sandbox_dir(sandbox_dir(self.home, sandbox_id))
+            sdir = sandbox_dir(self.home, sandbox_id)
+            if not teardown.remove_rootfs(sdir):
+                remove_sandbox_dir(sdir)
         except (OSError, RollboxError) as exc:
             errors.append(f"dir: {exc}")
         if errors:
