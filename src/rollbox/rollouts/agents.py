@@ -52,6 +52,8 @@ class AgentOutcome:
     """Steps of a Python policy (or of a ``cmd`` agent: one step)."""
     timed_out: bool = False
     """The agent ran past its timeout and was stopped."""
+    truncated: bool = False
+    """stdout or stderr was cut at the sandbox's output cap."""
     error: str | None = None
     """Why the agent failed (timeout, exception of a policy), if it did."""
 
@@ -106,7 +108,9 @@ async def _exec_agent(
             timed_out=True,
             error=f"agent timed out after {ctx.timeout:g}s",
         )
-    out = AgentOutcome(exit_code=r.exit_code, stdout=r.stdout, stderr=r.stderr)
+    out = AgentOutcome(
+        exit_code=r.exit_code, stdout=r.stdout, stderr=r.stderr, truncated=r.truncated
+    )
     if step_action is not None:
         out.trajectory = [
             {

@@ -436,14 +436,15 @@ class RolloutRunner:
 
     def _record_agent(self, rec: RolloutRecord, outcome: AgentOutcome) -> None:
         cap = rec.limits.output_bytes if rec.limits else 1 << 20
+        cut = outcome.truncated
         if outcome.exit_code is not None:
             rec.exit_codes = {**rec.exit_codes, "agent": outcome.exit_code}
         if outcome.stdout or outcome.exit_code is not None:
             data = outcome.stdout.encode()
-            rec.stdout = self._ref("agent.stdout", data, truncated=len(data) >= cap)
+            rec.stdout = self._ref("agent.stdout", data, truncated=cut or len(data) >= cap)
         if outcome.stderr or outcome.exit_code is not None:
             data = outcome.stderr.encode()
-            rec.stderr = self._ref("agent.stderr", data, truncated=len(data) >= cap)
+            rec.stderr = self._ref("agent.stderr", data, truncated=cut or len(data) >= cap)
         if outcome.trajectory is not None:
             import json
 
@@ -470,13 +471,13 @@ class RolloutRunner:
             )
             outcome.exit_code = r.exit_code
             rec.exit_codes = {**rec.exit_codes, "verifier": r.exit_code}
-            out, err = r.stdout, r.stderr
+            out, err, cut = r.stdout, r.stderr, r.truncated
         except ExecTimeoutError as exc:
-            out, err = exc.stdout, exc.stderr
+            out, err, cut = exc.stdout, exc.stderr, False
             outcome.error = f"verifier timed out after {task.verifier.timeout_sec:g}s"
         outcome.duration_s = time.perf_counter() - started
-        outcome.stdout = self._ref("verifier.stdout", out.encode())
-        outcome.stderr = self._ref("verifier.stderr", err.encode())
+        outcome.stdout = self._ref("verifier.stdout", out.encode(), truncated=cut)
+        outcome.stderr = self._ref("verifier.stderr", err.encode(), truncated=cut)
         if outcome.error is None:
             txt = await self._read_optional(sbx, REWARD_TXT)
             js = await self._read_optional(sbx, REWARD_JSON)
