@@ -424,6 +424,7 @@ class NamespaceSandbox(SandboxHandle):
         self.files = RootFiles(self.rootfs.root)
         self.client = AgentClient(self.dir / "run" / "agent.sock")
         self._exec_seq = 0
+        self._state_key: tuple[int, int, int] | None = None
 
     @property
     def info(self) -> SandboxInfo:
@@ -431,10 +432,20 @@ class NamespaceSandbox(SandboxHandle):
         return self._info
 
     def _refresh(self) -> SandboxInfo:
+        # Another process may have paused or destroyed the sandbox: re-read state.json,
+        # but only when it changed (a stat instead of a parse on every exec).
         try:
-            self._info = read_state(self.home, self.id)
-        except SandboxNotFoundError:
+            st = os.stat(self.dir / "state.json")
+        except FileNotFoundError:
             self._info = self._info.model_copy(update={"state": "destroyed"})
+            return self._info
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if key != self._state_key:
+            try:
+                self._info = read_state(self.home, self.id)
+                self._state_key = key
+            except SandboxNotFoundError:
+                self._info = self._info.model_copy(update={"state": "destroyed"})
         return self._info
 
     def _require_running(self) -> None:
@@ -541,7 +552,7 @@ class NamespaceSandbox(SandboxHandle):
         )
         for path in xcg.paths.values():
             path.mkdir()
-        oom_before = self.cgroup.oom_kills()
+        oom_before = self._oom_kills()
         started = time.monotonic()
 
         async def on_pid(nspid: int) -> None:
@@ -550,10 +561,8 @@ class NamespaceSandbox(SandboxHandle):
 
         try:
             try:
-                agent_exit = await asyncio.wait_for(
-                    self.client.exec(req, on_pid=on_pid, on_stdout=out.feed, on_stderr=err.feed),
-                    timeout,
-                )
+                run = self.client.exec(req, on_pid=on_pid, on_stdout=out.feed, on_stderr=err.feed)
+                agent_exit = await (run if timeout is None else asyncio.wait_for(run, timeout))
             except TimeoutError:
                 await asyncio.to_thread(xcg.kill_all)
                 raise ExecTimeoutError(
@@ -566,7 +575,8 @@ class NamespaceSandbox(SandboxHandle):
                 raise InvalidInputError(f"bad command: {exc}") from None
         finally:
             with contextlib.suppress(OSError):
-                if not xcg.pids():
+                # Survivors (background daemons) keep their group until destroy.
+                if not (xcg.paths["pids"] / "cgroup.procs").read_text().strip():
                     for path in xcg.paths.values():
                         path.rmdir()
         duration = time.monotonic() - started
@@ -578,7 +588,7 @@ class NamespaceSandbox(SandboxHandle):
             raise InvalidInputError(f"cannot switch to user {user!r}: {agent_exit.fail_message()}")
         if agent_exit.fail_stage == "exec":
             err.feed(f"rollbox: {argv[0]}: {agent_exit.fail_message()}\n".encode())
-        oom = self.cgroup.oom_kills() > oom_before
+        oom = self._oom_kills() > oom_before
         if not self.cgroup.exists():
             raise SandboxCrashedError(f"sandbox {self.id} died during the command")
         return ExecResult(
@@ -589,6 +599,17 @@ class NamespaceSandbox(SandboxHandle):
             oom_killed=oom,
             truncated=out.truncated or err.truncated,
         )
+
+    def _oom_kills(self) -> int:
+        """``oom_kill`` of the sandbox's memory group (no sub-groups in that controller)."""
+        try:
+            text = (self.cgroup.paths["memory"] / "memory.oom_control").read_text()
+        except FileNotFoundError:
+            return 0
+        for line in text.splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+        return 0
 
     def _host_pid(self, nspid: int) -> int:
         """The host pid of ``nspid`` (a pid in the sandbox's pid namespace), found among
