@@ -134,6 +134,7 @@ class RolloutRunner:
         self._task_blobs: dict[str, BlobRef] = {}
         self._stored: set[str] = set()
         self._be: Backend | None = None
+        self._early: dict[str, asyncio.Task[None]] = {}
         self._infos: dict[str, BaselineInfo] = {}
         self._versions: dict[str, str] = {}
         self._lineage: dict[str, list[str]] = {}
@@ -345,6 +346,13 @@ class RolloutRunner:
     async def _finish(self, rec: RolloutRecord) -> None:
         from rollbox.store.provenance import seal
 
+        early = self._early.pop(rec.id, None)
+        if early is not None:
+            try:
+                await early
+            except Exception as exc:  # the final save below still records the rollout
+                rec.extra = {**rec.extra, "early_save_error": f"{type(exc).__name__}: {exc}"}
+
         def work() -> RolloutRecord:
             sealed = seal(rec, self.blobs)
             self.meta.save_rollout(sealed)
@@ -364,7 +372,9 @@ class RolloutRunner:
         sbx = await self._create(plan, rec, plan.baseline)
         sandboxes.append(sbx)
         # Saved once the sandbox exists: a killed run leaves a "running" record naming it.
-        await self._save(rec)
+        # In the background (a snapshot of the record): the rollout does not wait for the DB;
+        # _finish waits for it before the final save so the order is kept.
+        self._early[rec.id] = asyncio.create_task(self._save(rec.model_copy()))
         info = sbx.info
         rec.accelerator = info.accelerator
         if self.backend not in self._versions:
