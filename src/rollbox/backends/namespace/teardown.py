@@ -15,7 +15,7 @@ import signal
 import time
 from pathlib import Path
 
-from rollbox.backends.common.cgroups import Cgroup
+from rollbox.backends.common.cgroups import CGROUP_ROOT, Cgroup
 from rollbox.backends.common.rootfs import Rootfs, sys_umount
 
 KILL_WAIT_S = 2.0
@@ -69,7 +69,13 @@ def remove_cgroup_dirs(cg: Cgroup) -> bool:
         False when a directory could not be removed (caller falls back).
     """
     ok = True
-    for top in cg.paths.values():
+    # Every mounted v1 hierarchy: OCI runtimes (gVisor) also make the group in cpuset,
+    # devices and named hierarchies.
+    tops = {p for p in cg.paths.values()}
+    for hierarchy in CGROUP_ROOT.iterdir():
+        if hierarchy.name != "unified" and not hierarchy.is_symlink():
+            tops.add(hierarchy / cg.name)
+    for top in sorted(tops):
         if not top.is_dir():
             continue
         dirs = [Path(d) for d, _s, _f in os.walk(top)]
