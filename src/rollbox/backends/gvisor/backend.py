@@ -291,6 +291,12 @@ class GVisorBackend(NamespaceBackend):
             super()._teardown_names(sandbox_id, net)
         except BackendError as exc:
             errors.append(str(exc))
+        try:
+            # runsc also made the group in cpuset, devices and the named systemd
+            # hierarchy; the namespace teardown only knows its own controllers.
+            Cgroup.open(self.home.tag, sandbox_id).destroy()
+        except (OSError, RollboxError) as exc:
+            errors.append(f"cgroup: {exc}")
         if errors:
             raise BackendError(f"destroying {sandbox_id} left resources: {'; '.join(errors)}")
 
