@@ -94,6 +94,12 @@ def _write(path: str, text: str) -> None:
 
 
 def _setup_cgroups() -> None:
+    # Like a container host: allocations succeed and the memory limit (the cgroup's
+    # memory.max, not the guest's RAM size) decides, by OOM-killing inside the cgroup.
+    try:
+        _write("/proc/sys/vm/overcommit_memory", "1")
+    except OSError:
+        pass
     # the init mounted cgroup2 at CGROOT before starting us
     try:
         _write(CGROOT + "/cgroup.subtree_control", "+memory +pids")
@@ -293,7 +299,12 @@ class Agent:
 
     def disconnected(self) -> None:
         self.connected = False
-        self.out.clear()
+        # Keep pending output: the "host connected" event and the first data of a new
+        # client travel on different virtqueues, so a hello can be read (and answered)
+        # before the guest learns the old client left; dropping output here would lose
+        # that answer. Stale frames are skipped by the next client (it waits for its nonce).
+        if len(self.out) > 16 << 20:
+            self.out.clear()
         self.parser = Parser()
         for ex in list(self.execs.values()):
             ex.kill()
