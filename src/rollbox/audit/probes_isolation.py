@@ -11,8 +11,8 @@ from typing import Any
 from rollbox.audit import scripts
 from rollbox.audit.context import AuditContext, ProbeError, token
 from rollbox.audit.registry import Outcome, probe, verdict
-from rollbox.errors import ExecTimeoutError, SandboxCrashedError
-from rollbox.models import Limits
+from rollbox.errors import ExecTimeoutError, SandboxCrashedError, SandboxStateError
+from rollbox.models import ExecResult, Limits
 
 
 @probe("cross-sandbox-files", "conformance")
@@ -232,37 +232,45 @@ async def pids_limit(ctx: AuditContext) -> Outcome:
 async def memory_limit(ctx: AuditContext) -> Outcome:
     """A memory hog is OOM-killed inside; the sandbox and the host carry on."""
     sbx = await ctx.sandbox(limits=Limits(memory_mb=64, pids=64, disk_mb=64))
+    hog: ExecResult | None = None
     whole_sandbox_killed = ""
+    alive_code: int | None = None
     try:
         hog = await sbx.exec(["python3", "-c", "b = b'x' * (512 << 20); print(len(b))"], timeout=60)
-        alive = await sbx.exec(["true"])
-    except SandboxCrashedError as exc:
+        alive_code = (await sbx.exec(["true"])).exit_code
+    except (SandboxCrashedError, SandboxStateError) as exc:
         # gVisor: the sandbox's kernel lives inside the limit, so the whole sandbox goes.
-        if "OOM" not in str(exc):
-            raise
         whole_sandbox_killed = exc.one_line()
     if whole_sandbox_killed:
         a, _ = await ctx.shared()
         a_ok = (await a.exec(["true"])).exit_code == 0
         breaches = []
+        if hog is not None and hog.exit_code == 0:
+            breaches.append("512 MiB allocated under a 64 MiB limit")
         if not ctx.canary_alive():
             breaches.append("host canary process died")
         if not a_ok:
             breaches.append("another sandbox stopped answering")
         out = verdict(
             breaches,
-            "512 MiB hog under 64 MiB: the whole sandbox was OOM-killed by its limit "
-            "(reported as such); other sandboxes and the host unharmed",
+            "512 MiB hog under 64 MiB: the whole sandbox was killed by its memory limit; "
+            "other sandboxes and the host unharmed",
         )
-        out.evidence = {"crash": whole_sandbox_killed, "other_sandbox_ok": a_ok}
+        out.evidence = {
+            "sandbox_error": whole_sandbox_killed,
+            "hog_exit": hog.exit_code if hog else None,
+            "hog_oom_killed": hog.oom_killed if hog else None,
+            "other_sandbox_ok": a_ok,
+        }
         return out
+    assert hog is not None
     killed = hog.oom_killed or hog.exit_code in (137, -9)
     breaches = []
     if hog.exit_code == 0:
         breaches.append("512 MiB allocated under a 64 MiB limit")
     if not ctx.canary_alive():
         breaches.append("host canary process died")
-    if alive.exit_code != 0:
+    if alive_code != 0:
         breaches.append("sandbox unusable after the OOM kill")
     out = verdict(
         breaches,
