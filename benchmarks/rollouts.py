@@ -43,7 +43,7 @@ from pathlib import Path
 
 from rollbox.baselines.store import BaselineStore
 from rollbox.config import Home
-from rollbox.rollouts.runs import Run, RunOptions
+from rollbox.rollouts.runs import Run, RunOptions, executor_for
 from rollbox.store.blobs import BlobStore
 from rollbox.store.metadata import MetaStore
 
@@ -157,6 +157,8 @@ async def api_run(home: Home, task: Path, n: int, conc: int) -> dict[str, object
                 await sbx.destroy()
             lat.append(time.perf_counter() - t0)
 
+    # The same thread pool a run uses (see Run.execute), so the comparison is fair.
+    asyncio.get_running_loop().set_default_executor(executor_for(conc))
     cpu0, t0 = cpu_self(), time.perf_counter()
     async with asyncio.TaskGroup() as tg:
         for i in range(n):

@@ -33,10 +33,11 @@ import shutil
 import socket
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rollbox import __version__
 from rollbox.backends.base import Backend
@@ -69,6 +70,8 @@ from rollbox.rollouts.verifier import REWARD_DIR, REWARD_JSON, REWARD_TXT, parse
 from rollbox.sandbox import AsyncSandbox
 from rollbox.store.blobs import BlobStore
 from rollbox.store.metadata import MetaStore
+
+T = TypeVar("T")
 
 TESTS_DIR = "/tests"
 TTL_MARGIN_S = 600.0
@@ -135,6 +138,7 @@ class RolloutRunner:
         self._stored: set[str] = set()
         self._be: Backend | None = None
         self._early: dict[str, asyncio.Task[None]] = {}
+        self._db_pool: ThreadPoolExecutor | None = None
         self._infos: dict[str, BaselineInfo] = {}
         self._versions: dict[str, str] = {}
         self._lineage: dict[str, list[str]] = {}
@@ -278,8 +282,22 @@ class RolloutRunner:
             t = self.timing[rec.id] = Timing()
         return t
 
+    async def _db(self, fn: Callable[[], T]) -> T:
+        """Run a store call on the runner's own DB thread: SQLite writes are serialised anyway,
+        and queued writes must not occupy the default pool the backends' file and create
+        calls run on."""
+        if self._db_pool is None:
+            self._db_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollbox-db")
+        return await asyncio.get_running_loop().run_in_executor(self._db_pool, fn)
+
+    def close(self) -> None:
+        """Release the DB thread (idempotent)."""
+        if self._db_pool is not None:
+            self._db_pool.shutdown(wait=True)
+            self._db_pool = None
+
     async def _save(self, rec: RolloutRecord) -> None:
-        await asyncio.to_thread(self.meta.save_rollout, rec)
+        await self._db(lambda: self.meta.save_rollout(rec))
 
     def _notify(self, rec: RolloutRecord) -> None:
         if self.on_update is not None:
@@ -358,7 +376,7 @@ class RolloutRunner:
             self.meta.save_rollout(sealed)
             return sealed
 
-        sealed = await asyncio.to_thread(work)
+        sealed = await self._db(work)
         rec.provenance_digest = sealed.provenance_digest
 
     async def _phases(

@@ -24,6 +24,7 @@ import socket
 import tarfile
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,13 @@ def seed_for(run_id: str, task_digest_: str, attempt: int, base: int = 0) -> int
     """A deterministic per-rollout seed (recorded; repro reuses it)."""
     h = hashlib.sha256(f"{base}:{run_id}:{task_digest_}:{attempt}".encode()).digest()
     return int.from_bytes(h[:4], "big") & 0x7FFFFFFF
+
+
+def executor_for(concurrency: int) -> ThreadPoolExecutor:
+    """A thread pool big enough for ``concurrency`` rollouts' blocking backend steps."""
+    return ThreadPoolExecutor(
+        max_workers=max(8, 2 * concurrency + 4), thread_name_prefix="rollbox-run"
+    )
 
 
 def _pid_alive(pid: int | None) -> bool:
@@ -366,6 +374,10 @@ class Run:
         """Run every pending slot; returns when all are final or the run is cancelled."""
         assert self.run is not None
         run = self.run
+        # Backends run their blocking steps (mounts, spawning the runtime, file copies) in the
+        # loop's default executor; asyncio's default (cpus + 4 threads) would cap the run's
+        # real concurrency below --concurrency.
+        asyncio.get_running_loop().set_default_executor(executor_for(self.options.concurrency))
         reap_stale_runs(self.meta, self.blobs)
         existing = await asyncio.to_thread(self.meta.rollouts_of, run.id)
         slots = self._slots(existing)
@@ -404,6 +416,9 @@ class Run:
             ids = {s for r in self.records for s in r.sandbox_ids}
             left = _leftovers(before, after, self.home, ids)
             cleanup = {"ok": not left, "leftovers": left}
+
+        for runner in self._runners.values():
+            runner.close()
 
         def work() -> RunRecord:
             run.status = status  # type: ignore[assignment]
@@ -708,6 +723,7 @@ async def repro_run(
     if events.on_start:
         events.on_start(run, len(originals))
     runners: dict[str, RolloutRunner] = {}
+    asyncio.get_running_loop().set_default_executor(executor_for(concurrency))
     scratch = scratch_dir(home)
     sem = asyncio.Semaphore(max(1, concurrency))
     items: list[ReproItem] = []
@@ -755,6 +771,8 @@ async def repro_run(
         import shutil
 
         shutil.rmtree(scratch, ignore_errors=True)
+        for r in runners.values():
+            r.close()
         run.status = status  # type: ignore[assignment]
         run.finished_at = utcnow()
         matched = sum(1 for i in items if i.outcome_match and i.diff_match)
