@@ -82,3 +82,19 @@ def test_bad_references(store: BaselineStore, tiny: BaselineInfo, tmp_path: Path
         export_image(store, tiny.digest, "/tmp/plain-path")
     with pytest.raises(InvalidInputError, match="does not exist"):
         export_image(store, tiny.digest, f"oci-archive:{tmp_path / 'no' / 'dir.tar'}")
+
+
+def test_from_loopback_registry_is_imported_on_demand(
+    store: BaselineStore, tiny: BaselineInfo, registry: str, tmp_path: Path
+) -> None:
+    from rollbox.baselines.builders.buildah import build
+
+    export_image(store, tiny.digest, f"docker://{registry}/rbx/tiny:2")
+    other = BaselineStore(Home(tmp_path / "other").ensure())
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(f"FROM {registry}/rbx/tiny:2\nRUN echo ok > /ok\n")
+    info = build(other, ctx)
+    assert info.parent == tiny.digest
+    assert other.resolve(f"{registry}/rbx/tiny:2").digest == tiny.digest
+    assert (other.layer_dirs(info.digest)[-1] / "ok").read_text() == "ok\n"
