@@ -121,6 +121,8 @@ def register(app: typer.Typer) -> None:
             # the table is wide: never squash it to 80 columns when piped
             Console(highlight=False, width=max(console.width, 170)).print(rich_table(report))
             for b in report.backends:
+                if b.error:
+                    console.print(f"[red]{b.backend} not piloted:[/red] {b.error}")
                 for lv in b.levels:
                     if not lv.cleanup.clean:
                         console.print(

@@ -19,7 +19,7 @@ from typing import Protocol
 
 from rollbox import __version__
 from rollbox.config import Home
-from rollbox.errors import BackendError, InvalidInputError, RollboxError
+from rollbox.errors import BackendError, BackendUnavailableError, InvalidInputError, RollboxError
 from rollbox.models import ExecResult, Limits, utcnow
 from rollbox.pilot import raw
 from rollbox.pilot.hostscope import capture, scoped_leaks
@@ -59,6 +59,12 @@ async def _default_factory(baseline: str, backend: str, limits: Limits, home: Ho
     return await AsyncSandbox.create(baseline, backend=backend, limits=limits, home=home)
 
 
+def _default_prepare(backend: str, home: Home) -> None:
+    from rollbox.backends.registry import get_backend
+
+    get_backend(backend, home).prepare()
+
+
 @dataclass
 class PilotConfig:
     """What to pilot."""
@@ -76,6 +82,8 @@ class PilotConfig:
     raw_samples: int = 30
     limits: Limits = field(default_factory=lambda: Limits(memory_mb=256, disk_mb=256))
     factory: SandboxFactory = _default_factory
+    prepare: Callable[[str, Home], None] = _default_prepare
+    """Checks a backend's tools before its levels (raises BackendUnavailableError)."""
 
 
 def _err_line(exc: BaseException) -> str:
@@ -181,7 +189,12 @@ async def _raw_timing(cfg: PilotConfig, backend: str, concurrency: int) -> RawTi
                 samples = await raw.time_raw(timer, n, concurrency)
             finally:
                 await asyncio.to_thread(timer.teardown)
-            return RawTiming(tool=timer.tool, available=True, start=summarize(samples))
+            return RawTiming(
+                tool=timer.tool,
+                available=True,
+                start=summarize(samples),
+                command=" ".join(timer.command("ID")),
+            )
     except Exception as exc:
         return RawTiming(tool=tool, available=False, reason=_err_line(exc))
     finally:
@@ -287,6 +300,15 @@ async def run_pilot(cfg: PilotConfig, progress: Progress | None = None) -> Pilot
     results: list[BackendResult] = []
     for backend in cfg.backends:
         res = BackendResult(backend=backend, version=_backend_version(backend, cfg.home))
+        try:
+            await asyncio.to_thread(cfg.prepare, backend, cfg.home)
+        except BackendUnavailableError as exc:
+            if len(cfg.backends) == 1:
+                raise
+            res.error = exc.one_line()  # the other backends are still piloted
+            say(f"{backend}: unavailable: {res.error}")
+            results.append(res)
+            continue
         for level in cfg.concurrency:
             say(f"{backend}: {cfg.rollouts} rollouts at concurrency {level}")
             lv = await run_level(cfg, backend, level)

@@ -43,6 +43,8 @@ class RawTiming(Model):
     """Why it was not timed."""
     start: Summary = Summary(n=0)
     """Durations of the bare starts."""
+    command: str = ""
+    """The command line timed (the run id shown as ``ID``)."""
 
 
 class Cleanup(Model):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rollbox.config import Home
-from rollbox.errors import BackendError, BaselineNotFoundError
+from rollbox.errors import BackendError, BackendUnavailableError, BaselineNotFoundError
 from rollbox.models import ExecResult, Limits
 from rollbox.pilot.html import render_html
 from rollbox.pilot.measure import PilotConfig, SandboxLike, run_pilot
@@ -70,6 +70,7 @@ def _cfg(home: Home, factory: FakeFactory, **kw: object) -> PilotConfig:
         "baseline": "sha256:" + "a" * 64,
         "raw_samples": 0,
         "factory": factory,
+        "prepare": lambda backend, home: None,
     }
     base.update(kw)
     return PilotConfig(**base)  # type: ignore[arg-type]
@@ -152,3 +153,18 @@ def test_png_and_html(home: Home, tmp_path: Path) -> None:
     assert base64.b64encode(data).decode() in page  # embedded, self-contained
     assert "gvisor" in page and "namespace" in page
     assert 'src="http' not in page and "<script" not in page
+
+
+def test_unavailable_backend(home: Home) -> None:
+    def prepare(backend: str, home: Home) -> None:
+        if backend == "gvisor":
+            raise BackendUnavailableError("runsc is not installed", hint="apt-get install runsc")
+
+    cfg = _cfg(home, FakeFactory(), backends=["namespace", "gvisor"], rollouts=2, prepare=prepare)
+    rep = asyncio.run(run_pilot(cfg))
+    ns, gv = rep.backends
+    assert ns.error is None and len(ns.levels) == 2
+    assert gv.levels == [] and gv.error is not None and "runsc is not installed" in gv.error
+    assert not rep.ok
+    with pytest.raises(BackendUnavailableError):  # the only backend asked for: an error
+        asyncio.run(run_pilot(_cfg(home, FakeFactory(), backends=["gvisor"], prepare=prepare)))
