@@ -109,4 +109,12 @@ def gc(store: BaselineStore, *, dry_run: bool = False) -> GcReport:
                 doc["manifests"] = [m for m in doc.get("manifests", []) if m["digest"] in known]
                 _atomic_write(index, json.dumps(doc, indent=2).encode())
             report.staging = [str(p) for p in remove_stale_staging(store.home.tmp)]
+            known_meta = {p.stem for p in store.home.baselines.glob("*.json")}
+            for entry in store.home.cache.glob("*.json") if store.home.cache.is_dir() else []:
+                try:
+                    cached = str(json.loads(entry.read_text())["digest"])
+                except (OSError, ValueError, KeyError):
+                    cached = ""
+                if cached.removeprefix("sha256:") not in known_meta:
+                    entry.unlink(missing_ok=True)
     return report
