@@ -92,3 +92,35 @@ def test_audit_bad_input_one_line_exit_2(shared_home: Home, args: list[str], nee
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]
+
+
+@pytest.mark.slow
+def test_audit_repro_names_what_differs(shared_home: Home, tmp_path: Path) -> None:
+    """A task that writes the time and random bytes: repro must fail and name the paths."""
+    _need("namespace", shared_home)
+    task = tmp_path / "nondet"
+    (task / "solution").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "instruction.md").write_text("write the time\n")
+    (task / "task.toml").write_text('[task]\nname = "nondet"\n\n[agent]\ntimeout_sec = 60\n')
+    (task / "solution" / "solve.sh").write_text(
+        "#!/bin/sh\ndate +%s%N > /root/now.txt\nhead -c 16 /dev/urandom > /root/rand.bin\n"
+        "echo same > /root/same.txt\n"
+    )
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/sh\nmkdir -p /logs/verifier\necho 1 > /logs/verifier/reward.txt\n"
+    )
+    for f in ("solution/solve.sh", "tests/test.sh"):
+        (task / f).chmod(0o755)
+    r = _run(
+        shared_home, "audit", "--repro", "--k", "2", "--backend", "namespace",
+        "--task", str(task), "--json",
+    )  # fmt: skip
+    assert r.returncode == 1, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["all_done"] and not doc["identical"]
+    what = {d["what"] for d in doc["differences"]}
+    assert {"fs:/root/now.txt", "fs:/root/rand.bin"} <= what
+    assert "fs:/root/same.txt" not in what and not any(w.startswith("outcome:") for w in what)
+    d = next(d for d in doc["differences"] if d["what"] == "fs:/root/now.txt")
+    assert len(set(d["values"].values())) == 2  # each rollout's value, side by side
