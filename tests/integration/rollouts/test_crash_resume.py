@@ -104,13 +104,14 @@ def test_sigkill_cleanup_and_resume(runs: Runs) -> None:
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
-def test_ctrl_c_cancels_cleanly(runs: Runs) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_cancels_cleanly(runs: Runs, sig: signal.Signals) -> None:
     slow = runs.task("sleepy", solve="sleep 60")
     proc = _start(runs, str(slow), "--attempts", "2", "--concurrency", "2")
     try:
         run_id = _wait_for(runs, "running")
         time.sleep(1.0)
-        os.killpg(proc.pid, signal.SIGINT)
+        os.kill(proc.pid, sig)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -125,4 +126,4 @@ def test_ctrl_c_cancels_cleanly(runs: Runs) -> None:
         assert [p.phase for p in rec.phases][-2:] == ["teardown", "interrupted"]
         for sid in rec.sandbox_ids:
             assert not (runs.home.sandboxes / sid).exists(), f"{sid} left behind"
-    assert run.summary["cleanup"]["ok"] is True
+    assert run.summary["cleanup"]["ok"] is True, run.summary["cleanup"]

@@ -102,3 +102,28 @@ def test_options_validation() -> None:
         RunOptions(task_dirs=[]).validate()
     opts = RunOptions(task_dirs=["x"], attempts=2, retries=3)
     assert RunOptions.from_args(opts.to_args()) == opts
+
+
+def test_cleanup_check_counts_only_this_runs_sandboxes(home: Home) -> None:
+    import os
+
+    from rollbox.backends.common import network
+    from rollbox.hoststate import HostState
+    from rollbox.rollouts.runs import _leftovers
+
+    mine, other = "sbx-01aaaaaaaaaaaaaaaaaaaaaaaa", "sbx-01bbbbbbbbbbbbbbbbbbbbbbbb"
+    before = HostState()
+    after = HostState(
+        mounts=frozenset(
+            {f"overlay {home.sandboxes}/{mine}/rootfs", f"overlay {home.sandboxes}/{other}/rootfs"}
+        ),
+        netns=frozenset({network.netns_name(home.tag, mine), network.netns_name(home.tag, other)}),
+        processes=frozenset({f"{os.getpid()} python", "999999999 bwrap"}),
+    )
+    left = _leftovers(before, after, home, {mine})
+    assert left == [
+        f"mounts: overlay {home.sandboxes}/{mine}/rootfs",
+        f"netns: {network.netns_name(home.tag, mine)}",
+    ]
+    (home.sandboxes / mine).mkdir(parents=True)
+    assert f"sandbox_dirs: {mine}" in _leftovers(before, before, home, {mine})
