@@ -187,6 +187,10 @@ def register(app: typer.Typer) -> None:
             )
             return
         console.print(render(summary))
+        console.print(
+            f"inspect: rollbox report {final.id} | rollbox verify {final.id}"
+            f" | rollbox export {final.id} -o {final.id}.jsonl"
+        )
 
     @app.command("repro")
     def repro_cmd(
