@@ -12,7 +12,7 @@ from rollbox.models import BaselineInfo
 
 pytestmark = pytest.mark.root
 
-BACKENDS = ["namespace", "gvisor"]
+BACKENDS = ["namespace", "gvisor", "microvm"]
 
 
 @pytest.mark.parametrize("check", list(CHECKS))
