@@ -26,8 +26,9 @@ or, for allow lists, ``--network=host`` with runsc started inside the sandbox's 
 
 Limits inside gVisor: the host cgroup holds the sentry, the gofer and the ptrace stubs,
 so its memory and pids limits get an allowance for them on top of the sandbox's limits
-(:data:`MEMORY_OVERHEAD_MB`, :data:`PIDS_OVERHEAD`); RLIMIT_NPROC=pids is set for the
-processes inside (gVisor enforces it for non-root users). Per-exec process trees are
+(:data:`MEMORY_OVERHEAD_MB`, :data:`PIDS_OVERHEAD`, :data:`PIDS_PER_PROCESS`); ``pids`` is
+enforced inside as RLIMIT_NPROC of every exec (gVisor applies it to root without
+CAP_SYS_RESOURCE, which the bundle does not grant). Per-exec process trees are
 found with ``runsc ps`` (there are no per-exec host cgroups: the processes are the
 sentry's) and killed with ``runsc kill --pid``.
 """
@@ -69,9 +70,19 @@ from rollbox.models import BaselineInfo, Capabilities, ExecResult, SandboxInfo, 
 MEMORY_OVERHEAD_MB = 160
 """Host memory allowed for the sentry, gofer and stubs on top of ``Limits.memory_mb``."""
 PIDS_OVERHEAD = 512
-"""Host tasks allowed for the sentry's threads, gofer and stubs on top of ``Limits.pids``."""
+"""Host tasks allowed for the sentry's and gofer's threads on top of the stubs' share."""
+PIDS_PER_PROCESS = 8
+"""Host tasks allowed per process inside. Under the ptrace platform every address space
+has a stub process holding one thread per sentry OS thread that ever ran it: a 64-process
+fork bomb inside took 7259 host tasks (this host's pid_max is 32768, shared by everyone).
+The host pids limit is the backstop that keeps the host's pid space safe -- reaching it
+kills the sentry (the sandbox is reported crashed); ``Limits.pids`` itself is enforced
+inside as RLIMIT_NPROC."""
+PIDS_HOST_CAP = 2048
+"""Upper bound of the stubs' share of the host pids limit."""
 AGENT_DIR = "/run/.rollbox"
 SOCKET_IN_SANDBOX = "/run/rollbox/agent.sock"
+HELPER = f"{AGENT_DIR}/uds-listen"
 STATX_SHIM = f"{AGENT_DIR}/statx.so"
 """LD_PRELOADed into every exec: gVisor 20221219's statx() rejects AT_NO_AUTOMOUNT, which
 breaks ``ls`` and ``stat`` of current coreutils (see ``statx_fix.c``)."""
@@ -182,7 +193,9 @@ class GVisorBackend(NamespaceBackend):
                 "memory_mb": None
                 if spec.limits.memory_mb is None
                 else spec.limits.memory_mb + MEMORY_OVERHEAD_MB,
-                "pids": None if spec.limits.pids is None else spec.limits.pids + PIDS_OVERHEAD,
+                "pids": None
+                if spec.limits.pids is None
+                else min(spec.limits.pids * PIDS_PER_PROCESS, PIDS_HOST_CAP) + PIDS_OVERHEAD,
             }
         )
         cg.apply(host_limits.model_copy(update={"cpus": None}))
@@ -197,7 +210,7 @@ class GVisorBackend(NamespaceBackend):
         config = oci_config(
             rootfs=sdir / "rootfs",
             args=[
-                f"{AGENT_DIR}/uds-listen",
+                HELPER,
                 SOCKET_IN_SANDBOX,
                 "--",
                 f"{AGENT_DIR}/agent",
@@ -209,7 +222,7 @@ class GVisorBackend(NamespaceBackend):
             cgroups_path=f"/{cg.name}",
             ro_binds={
                 f"{AGENT_DIR}/agent": self._agent,
-                f"{AGENT_DIR}/uds-listen": self._helper,
+                HELPER: self._helper,
                 STATX_SHIM: self._statx,
             },
             # runsc mounts its own tmpfs on an empty /tmp unless the spec mounts something
@@ -219,10 +232,6 @@ class GVisorBackend(NamespaceBackend):
             # allow mode: runsc is started inside the sandbox's netns (see below).
             new_netns=netns == "-",
         )
-        if spec.limits.pids is not None:
-            config["process"]["rlimits"].append(
-                {"type": "RLIMIT_NPROC", "hard": spec.limits.pids, "soft": spec.limits.pids}
-            )
         write_bundle(sdir, config)
         sock = sdir / "run" / "agent.sock"
         with contextlib.suppress(FileNotFoundError):
@@ -420,6 +429,18 @@ class GVisorSandbox(NamespaceSandbox):
         out, err = await proc.communicate()
         return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
+    def _host_pids_hit(self) -> int:
+        """How often the host pids limit of the sandbox's cgroup was reached."""
+        try:
+            text = (self.cgroup.paths["pids"] / "pids.events").read_text()
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "max":
+                return int(value)
+        return 0
+
     async def processes(self) -> list[tuple[int, int, str]]:
         """``(pid, ppid, command)`` of every process inside (gVisor pids), via ``runsc ps``."""
         rc, out, err = await self._runsc("ps", self.id)
@@ -470,6 +491,10 @@ class GVisorSandbox(NamespaceSandbox):
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         if not argv:
             raise InvalidInputError("empty command")
+        if self.info.spec.limits.pids is not None:
+            # RLIMIT_NPROC per exec (see uds_listen.c): gVisor enforces it for root without
+            # CAP_SYS_RESOURCE/CAP_SYS_ADMIN, which the bundle drops.
+            argv = [HELPER, "--nproc", str(self.info.spec.limits.pids), "--", *argv]
         if timeout is not None and timeout <= 0:
             raise InvalidInputError("timeout must be > 0")
         spec = self.info.spec
@@ -496,6 +521,7 @@ class GVisorSandbox(NamespaceSandbox):
         out = StreamCapture(cap, secret_values, on_stdout)
         err = StreamCapture(cap, secret_values, on_stderr)
         oom_before = self.cgroup.oom_kills()
+        pids_hit_before = self._host_pids_hit()
         started = time.monotonic()
         gpid: list[int] = []
 
@@ -510,7 +536,19 @@ class GVisorSandbox(NamespaceSandbox):
             )
         except TimeoutError:
             if gpid:
-                await self.kill_tree(gpid[0])
+                try:
+                    await self.kill_tree(gpid[0])
+                except SandboxCrashedError:
+                    # The sandbox died meanwhile (e.g. its host task limit was reached).
+                    self._set_state("crashed")
+                    raise SandboxCrashedError(
+                        f"sandbox {self.id} died during a command that timed out"
+                        + (
+                            " (gVisor reached its host task limit)"
+                            if self._host_pids_hit() > pids_hit_before
+                            else ""
+                        )
+                    ) from None
             raise ExecTimeoutError(
                 f"command timed out after {timeout:g}s (its process tree was killed)",
                 stdout=out.finish(),
@@ -521,6 +559,12 @@ class GVisorSandbox(NamespaceSandbox):
             raise InvalidInputError(f"bad command: {exc}") from None
         except SandboxCrashedError:
             if self.cgroup.oom_kills() <= oom_before:
+                if self._host_pids_hit() > pids_hit_before:
+                    self._set_state("crashed")
+                    raise SandboxCrashedError(
+                        f"sandbox {self.id} died: gVisor reached its host task limit "
+                        f"({spec.limits.pids} processes inside; a fork bomb?)"
+                    ) from None
                 raise
             # gVisor has no OOM killer of its own: the host cgroup's kills the sentry, and
             # the whole sandbox with it. Report it as the command's OOM kill.
