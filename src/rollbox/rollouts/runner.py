@@ -333,6 +333,10 @@ class RolloutRunner:
             rec.status = "infra_error"
             rec.error = exc.one_line()
             rec.error_kind = "infra"
+        except RollboxError as exc:  # e.g. a capability the task needs, a path outside
+            rec.status = "failed"
+            rec.error = exc.one_line()
+            rec.error_kind = "task"
         except Exception as exc:  # a bug must not take the whole run down
             rec.status = "failed"
             rec.error = f"internal error: {type(exc).__name__}: {exc}"
