@@ -71,3 +71,20 @@ def test_bundle_config() -> None:
     )
     assert not any(n["type"] == "network" for n in joined["linux"]["namespaces"])
     assert "cgroupsPath" not in joined["linux"]
+
+
+def test_the_namespace_hooks_gvisor_overrides_still_exist() -> None:
+    """GVisorBackend reuses NamespaceBackend by overriding a few of its private hooks; a
+    rename there would silently bypass the gVisor versions, so pin their signatures."""
+    import inspect
+
+    from rollbox.backends.gvisor.backend import GVisorBackend, GVisorSandbox
+    from rollbox.backends.namespace.backend import NamespaceBackend, NamespaceSandbox
+
+    for name in ("_launch", "_create_sync", "_teardown_names", "prepare", "attach"):
+        base = inspect.signature(getattr(NamespaceBackend, name)).parameters
+        ours = inspect.signature(getattr(GVisorBackend, name)).parameters
+        assert list(base) == list(ours), name
+    for name in ("_resolve_user", "_base_env", "_require_running", "_set_state"):
+        assert callable(getattr(NamespaceSandbox, name)), name
+    assert issubclass(GVisorSandbox, NamespaceSandbox)
