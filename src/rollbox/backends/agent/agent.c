@@ -322,8 +322,14 @@ static int has_cap(int cap) {
     return (prm >> cap) & 1;
 }
 
+static void on_chld_pid1(int sig) { (void)sig; }
+
 static int serve(int lfd) {
     signal(SIGPIPE, SIG_IGN);
+    /* SIGCHLD interrupts poll (no SA_RESTART) so orphans are reaped at once. */
+    struct sigaction sa = {0};
+    sa.sa_handler = on_chld_pid1;
+    sigaction(SIGCHLD, &sa, NULL);
     /* Shrink the bounding set to what we were given, so nothing inside can regain more. */
     for (int cap = 0; cap <= 63; cap++) {
         if (prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1 && !has_cap(cap))

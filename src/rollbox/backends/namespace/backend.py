@@ -214,12 +214,19 @@ class NamespaceBackend(Backend):
             with short_unix_path(sock_path) as bind_path:
                 lsock.bind(bind_path)
             lsock.listen(64)
-            self._launch(sdir, spec, cg, netns, lsock.fileno())
+            if type(self)._launch is NamespaceBackend._launch:
+                launcher = self._spawn(sdir, spec, cg, netns, lsock.fileno())
+            else:  # a subclass starts its sandboxes its own way
+                self._launch(sdir, spec, cg, netns, lsock.fileno())
+                launcher = None
             lsock.close()
             lsock = None
             info.state = "running"
             write_state(self.home, info)
             handle = NamespaceSandbox(self, info)
+            # The launcher exits right after forking; reap it while bwrap starts up.
+            if launcher is not None and launcher.wait() != 0:
+                raise BackendError(f"launching the sandbox failed (exit {launcher.returncode})")
             if not _ping_sync(sock_path):
                 log = (sdir / "sandbox.log").read_text(errors="replace").strip()[-500:]
                 raise BackendError(f"sandbox {sid} did not start: {log or 'no output'}")
@@ -243,6 +250,15 @@ class NamespaceBackend(Backend):
         return v
 
     def _launch(self, sdir: Path, spec: SandboxSpec, cg: Cgroup, netns: str, lfd: int) -> None:
+        """Start the sandbox's runtime (blocking until the launcher has forked it off)."""
+        proc = self._spawn(sdir, spec, cg, netns, lfd)
+        if proc.wait() != 0:
+            raise BackendError(f"launching the sandbox failed (exit {proc.returncode})")
+
+    def _spawn(
+        self, sdir: Path, spec: SandboxSpec, cg: Cgroup, netns: str, lfd: int
+    ) -> subprocess.Popen[bytes]:
+        """Spawn ``rollbox-agent launch … bwrap …``; the caller reaps the launcher."""
         assert self._agent is not None and self._seccomp is not None and self._bwrap is not None
         procs = ",".join(str(p / "cgroup.procs") for p in cg.paths.values())
         seccomp_fd = os.open(self._seccomp, os.O_RDONLY)
@@ -268,11 +284,9 @@ class NamespaceBackend(Backend):
                     pass_fds=(lfd, seccomp_fd),
                     env={"PATH": DEFAULT_PATH},
                 )
-                rc = proc.wait()
         finally:
             os.close(seccomp_fd)
-        if rc != 0:
-            raise BackendError(f"launching the sandbox failed (exit {rc})")
+        return proc
 
     async def attach(self, sandbox_id: str) -> NamespaceSandbox:
         """Re-attach to a live sandbox of this home."""
