@@ -31,7 +31,7 @@ from typing import Any
 
 from rollbox.backends.microvm import MicroVMBackend, MicroVMSandbox
 from rollbox.backends.microvm import snapshot as snaps
-from rollbox.backends.microvm.backend import assets_dir
+from rollbox.backends.microvm.backend import assets_home
 from rollbox.backends.microvm.disk import ensure_base_image
 from rollbox.backends.microvm.initramfs import _build, ensure_initramfs
 from rollbox.backends.microvm.kernel import ensure_kernel
@@ -150,7 +150,7 @@ async def main_async(n: int) -> dict[str, Any]:
     be = MicroVMBackend(home)
     be.prepare()
     accel = be.accelerator
-    assets = Home(assets_dir(home))
+    assets = assets_home(home)
     kernel = ensure_kernel(assets)
     image = ensure_base_image(assets, base.digest, store.layer_dirs(base.digest))
     raw_initrd = home.tmp / "raw-initrd.cpio"

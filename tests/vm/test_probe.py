@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollbox.backends.microvm import MicroVMBackend, probe
-from rollbox.backends.microvm.backend import assets_dir
+from rollbox.backends.microvm.backend import assets_home
 from rollbox.backends.microvm.initramfs import ensure_initramfs
 from rollbox.backends.microvm.kernel import ensure_kernel
 from rollbox.config import Home
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.vm
 
 
 def _assets(home: Home) -> tuple[probe.Path, probe.Path]:
-    assets = Home(assets_dir(home))
+    assets = assets_home(home)
     kernel = ensure_kernel(assets)
     return kernel.vmlinuz, ensure_initramfs(assets, kernel, probe=True)
 

@@ -72,12 +72,16 @@ GUEST_OVERHEAD_MB = 160  # kernel, page cache and the agent, on top of the memor
 MIN_MEMORY_MB = 32
 MIN_DISK_MB = 16
 MASK = "***"
+TEMPLATES = os.environ.get("ROLLBOX_MICROVM_BOOT_SNAPSHOTS", "1") != "0"
+"""Create by restoring a boot snapshot of the same baseline and VM shape when one exists
+(the first create of a shape boots cold and saves it)."""
 
 
-def assets_dir(home: Home) -> Path:
-    """Where derived VM assets (kernel, initramfs, per-digest disk images) are cached: beside
-    the layer store they derive from, so homes that share a store share them too."""
-    return Path(os.path.realpath(home.layers)).parent / "vm"
+def assets_home(home: Home) -> Home:
+    """The home whose ``vm/`` caches derived VM assets (kernel, initramfs, per-digest disk
+    images, boot snapshots): the one owning the layer store they derive from, so homes that
+    share a store (symlinked ``layers/``) share them too."""
+    return Home(Path(os.path.realpath(home.layers)).parent)
 
 
 def normalize(path: str) -> str:
@@ -110,6 +114,14 @@ def _xlist(info: SandboxInfo, key: str) -> list[str]:
 def _xint(info: SandboxInfo, key: str, default: int) -> int:
     value = info.extra.get(key)
     return value if isinstance(value, int) else default
+
+
+def _configure_args(spec: SandboxSpec) -> dict[str, Any]:
+    return {
+        "hostname": spec.hostname,
+        "memory_max": (spec.limits.memory_mb or 0) << 20,
+        "pids_max": spec.limits.pids,
+    }
 
 
 def _raise_agent_error(err: dict[str, Any], path: str = "") -> None:
@@ -454,9 +466,11 @@ class MicroVMSandbox(SandboxHandle):
             await ch.call("quiesce", drop_caches=True)
         return await asyncio.to_thread(self._memory_snapshot_sync, ephemeral)
 
-    def _memory_snapshot_sync(self, ephemeral: bool) -> snaps.MemorySnapshot:
+    def _memory_snapshot_sync(
+        self, ephemeral: bool, template_dir: Path | None = None
+    ) -> snaps.MemorySnapshot:
         snap_id = new_id("snap")
-        sdir = snaps.snap_dir(self.home, snap_id)
+        sdir = template_dir or snaps.snap_dir(self.home, snap_id)
         sdir.mkdir(parents=True)
         vm = self.vm
         index = _xint(self._info, "disk_index", 0)
@@ -520,14 +534,37 @@ class MicroVMSandbox(SandboxHandle):
                 ephemeral=ephemeral,
                 spec=self._info.spec.model_dump(mode="json"),
             )
-            snaps.save(self.home, record)
-            self._info.extra["snapshot_chain"] = [*chain, snap_id]
-            self._save()
+            snaps.save(self.home, record, sdir)
+            if template_dir is None:
+                self._info.extra["snapshot_chain"] = [*chain, snap_id]
+                self._save()
             ok = True
             return record
         finally:
             if not ok:
                 shutil.rmtree(sdir, ignore_errors=True)
+
+    def _save_template(self, tpl_dir: Path) -> None:
+        """Save this freshly booted, not yet configured VM as the boot snapshot later
+        creates of the same shape restore from (one writer; others skip)."""
+        import fcntl
+
+        if (tpl_dir / "meta.json").exists():
+            return
+        tpl_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(tpl_dir.parent / ".lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return
+            if (tpl_dir / "meta.json").exists():
+                return
+            # written in place (the running VM's new overlay names the frozen disk by its
+            # final path); readers only trust the dir once meta.json, written last, exists
+            shutil.rmtree(tpl_dir, ignore_errors=True)
+            self._memory_snapshot_sync(False, template_dir=tpl_dir)
+            self._info.extra["boot_snapshot"] = tpl_dir.name
+            self._save()
 
     def _disk_mb(self) -> int:
         return _xint(self._info, "disk_mb", DEFAULT_DISK_MB)
@@ -619,11 +656,11 @@ class MicroVMBackend(Backend):
                 )
         if self._kernel is not None:
             return
-        assets = Home(assets_dir(self.home))
+        assets = assets_home(self.home)
         kernel = ensure_kernel(assets)
         self._initrd = ensure_initramfs(assets, kernel)
         probe_initrd = ensure_initramfs(assets, kernel, probe=True)
-        self._accel = probe.choose(assets.root, kernel.vmlinuz, probe_initrd)
+        self._accel = probe.choose(assets.vm, kernel.vmlinuz, probe_initrd)
         self._kernel = kernel
 
     @property
@@ -673,22 +710,30 @@ class MicroVMBackend(Backend):
         from rollbox.baselines.store import BaselineStore
 
         layers = BaselineStore(self.home).layer_dirs(baseline.digest)
-        assets = Home(assets_dir(self.home))
+        assets = assets_home(self.home)
         base = await asyncio.to_thread(disk.ensure_base_image, assets, baseline.digest, layers)
         disk_mb = spec.limits.disk_mb or DEFAULT_DISK_MB
         template = await asyncio.to_thread(disk.ensure_upper_template, assets, disk_mb)
+        mem = (spec.limits.memory_mb or 1024) + GUEST_OVERHEAD_MB
+        accel = self.accelerator
+        cpus = max(1, math.ceil(spec.limits.cpus or 1))
+        tpl_dir = self._template_dir(assets, baseline.digest, mem, cpus, disk_mb)
+        if TEMPLATES and (tpl_dir / "meta.json").is_file():
+            try:
+                rec = snaps.MemorySnapshot.model_validate_json((tpl_dir / "meta.json").read_text())
+                return await self._restore(rec, spec, template=(tpl_dir, baseline))
+            except CorruptionError:
+                shutil.rmtree(tpl_dir, ignore_errors=True)  # rebuilt by this cold boot
         sid = new_id("sbx")
         info = self._new_info(spec, baseline.digest, sid)
         d = sandbox_dir(self.home, sid)
         d.mkdir(parents=True)
         rdir = qemu.run_dir(self.home.tag, sid)
-        mem = (spec.limits.memory_mb or 1024) + GUEST_OVERHEAD_MB
-        accel = self.accelerator
         vm = qemu.VMConfig(
             name=qemu.proc_name(self.home.tag, sid),
             accel=accel.accelerator,
             memory_mb=mem,
-            cpus=max(1, math.ceil(spec.limits.cpus or 1)),
+            cpus=cpus,
             kernel=str(self._kernel.vmlinuz),
             initrd=str(self._initrd),
             base_image=str(base),
@@ -716,12 +761,12 @@ class MicroVMBackend(Backend):
             info.extra["qemu_pid"] = await asyncio.to_thread(qemu.start, vm)
             write_state(self.home, info)
             async with handle._session(timeout=BOOT_TIMEOUT_S) as ch:
-                await ch.call(
-                    "configure",
-                    hostname=spec.hostname,
-                    memory_max=(spec.limits.memory_mb or 0) << 20,
-                    pids_max=spec.limits.pids,
-                )
+                if TEMPLATES and not (tpl_dir / "meta.json").exists():
+                    await ch.call("quiesce", drop_caches=True)
+            if TEMPLATES:
+                await asyncio.to_thread(handle._save_template, tpl_dir)
+            async with handle._session(timeout=BOOT_TIMEOUT_S) as ch:
+                await ch.call("configure", **_configure_args(spec))
             info.state = "running"
             write_state(self.home, info)
         except BaseException as exc:
@@ -732,6 +777,20 @@ class MicroVMBackend(Backend):
             raise
         self._after_create(info)
         return handle
+
+    @staticmethod
+    def _template_dir(assets: Home, digest: str, mem: int, cpus: int, disk_mb: int) -> Path:
+        """Where the boot snapshot for this device model and baseline lives."""
+        import hashlib
+        import json
+
+        from rollbox.backends.microvm.guest_agent import AGENT_VERSION
+
+        key = json.dumps(
+            [digest, mem, cpus, disk_mb, qemu.host_tsc_khz(), AGENT_VERSION, qemu.BASE_APPEND],
+            sort_keys=True,
+        )
+        return assets.vm / "boot" / hashlib.sha256(key.encode()).hexdigest()[:32]
 
     def _after_create(self, info: SandboxInfo) -> None:
         if info.expires_at is not None:
@@ -754,17 +813,26 @@ class MicroVMBackend(Backend):
             raise errors[0]
         return made
 
-    async def _restore(self, snap: snaps.MemorySnapshot, spec: SandboxSpec) -> MicroVMSandbox:
+    async def _restore(
+        self,
+        snap: snaps.MemorySnapshot,
+        spec: SandboxSpec,
+        *,
+        template: tuple[Path, BaselineInfo] | None = None,
+    ) -> MicroVMSandbox:
+        """One sandbox restored from ``snap``; with ``template`` (its dir and the baseline),
+        a fresh sandbox of ``spec`` from a boot snapshot instead of a user's snapshot."""
         self.prepare()
-        mem_file = snaps.check_size(self.home, snap)
-        sdir = snaps.snap_dir(self.home, snap.id)
+        sdir = template[0] if template else snaps.snap_dir(self.home, snap.id)
+        mem_file = snaps.check_size(self.home, snap, sdir)
         sid = new_id("sbx")
-        # a restored sandbox keeps the snapshot's device model, baseline and settings
-        base_spec = SandboxSpec.model_validate(snap.spec) if snap.spec else spec
-        spec = base_spec.model_copy(
-            update={"from_snapshot": snap.id, "labels": spec.labels or base_spec.labels,
-                    "ttl_s": spec.ttl_s}
-        )  # fmt: skip
+        if template is None:
+            # a restored sandbox keeps the snapshot's device model, baseline and settings
+            base_spec = SandboxSpec.model_validate(snap.spec) if snap.spec else spec
+            spec = base_spec.model_copy(
+                update={"from_snapshot": snap.id, "labels": spec.labels or base_spec.labels,
+                        "ttl_s": spec.ttl_s}
+            )  # fmt: skip
         info = self._new_info(spec, snap.baseline, sid)
         d = sandbox_dir(self.home, sid)
         d.mkdir(parents=True)
@@ -781,13 +849,22 @@ class MicroVMBackend(Backend):
             disk_index=0,
             disk_mb=snap.disk_mb,
             kernel=snap.kernel,
-            snapshot=snap.id,
-            snapshot_chain=[*snap.chain, snap.id],
         )
-        src = self._src_extra(snap.source)
-        for key in ("image_env", "image_workdir", "image_user", "kernel_package"):
-            if key in src:
-                info.extra[key] = src[key]
+        if template is None:
+            info.extra.update(snapshot=snap.id, snapshot_chain=[*snap.chain, snap.id])
+            src = self._src_extra(snap.source)
+            for key in ("image_env", "image_workdir", "image_user", "kernel_package"):
+                if key in src:
+                    info.extra[key] = src[key]
+        else:
+            cfg = template[1].config
+            info.extra.update(
+                boot_snapshot=sdir.name,
+                kernel_package=self._kernel.package_version if self._kernel else "",
+                image_env=list(cfg.env),
+                image_workdir=cfg.workdir,
+                image_user=cfg.user,
+            )
         write_state(self.home, info)
         handle = MicroVMSandbox(self, info)
         try:
@@ -802,6 +879,8 @@ class MicroVMBackend(Backend):
                     time_ns=time.time_ns(),
                     entropy=base64.b64encode(os.urandom(64)).decode(),
                 )
+                if template is not None:
+                    await ch.call("configure", **_configure_args(spec))
             info.state = "running"
             write_state(self.home, info)
         except BaseException:

@@ -91,9 +91,9 @@ def load(home: Home, snap_id: str) -> MemorySnapshot:
         raise CorruptionError(f"memory snapshot {snap_id} has a corrupt record: {exc}") from None
 
 
-def save(home: Home, snap: MemorySnapshot) -> None:
-    """Write the record atomically."""
-    d = snap_dir(home, snap.id)
+def save(home: Home, snap: MemorySnapshot, d: Path | None = None) -> None:
+    """Write the record atomically (into ``d``, default the snapshot's dir)."""
+    d = d or snap_dir(home, snap.id)
     tmp = d / f".meta.{os.getpid()}.tmp"
     tmp.write_text(snap.model_dump_json(indent=1))
     os.replace(tmp, d / "meta.json")
@@ -108,13 +108,13 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def check_size(home: Home, snap: MemorySnapshot) -> Path:
+def check_size(home: Home, snap: MemorySnapshot, d: Path | None = None) -> Path:
     """The memory file, after checking it exists with the recorded size.
 
     Raises:
         CorruptionError: missing or truncated.
     """
-    d = snap_dir(home, snap.id)
+    d = d or snap_dir(home, snap.id)
     mem = d / "memory.bin"
     if not (d / "disk.qcow2").is_file():
         raise CorruptionError(f"memory snapshot {snap.id} has lost its disk", paths=[str(d)])
