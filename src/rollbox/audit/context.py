@@ -186,6 +186,26 @@ class AuditContext:
     _servers: list[Any] = field(default_factory=list)
     _abstract_sock: socket.socket | None = None
     capabilities: Any = None
+    kernel: dict[str, Any] = field(default_factory=dict)
+    """Whose kernel runs the sandbox: boot ids inside and on the host, and the verdict."""
+
+    @property
+    def shared_kernel(self) -> bool:
+        """The sandbox runs on the host's kernel (namespace backend), so what its kernel
+        accepts, the host's kernel accepted. Unknown counts as shared (the strict reading)."""
+        return bool(self.kernel.get("shared", True))
+
+    async def detect_kernel(self) -> None:
+        """Compare the kernel boot id inside sandbox A with the host's."""
+        a, _ = await self.shared()
+        host = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        res = await a.exec(["cat", "/proc/sys/kernel/random/boot_id"])
+        inside = res.stdout.strip()
+        self.kernel = {
+            "host_boot_id": host,
+            "sandbox_boot_id": inside,
+            "shared": inside == host or not inside,
+        }
 
     # ------------------------------------------------------------------ sandboxes
 

@@ -53,6 +53,9 @@ class AuditReport(Model):
     """Probes with status ``pass``."""
     skipped: int
     """Probes with status ``skip``."""
+    kernel: dict[str, Any] = {}
+    """Whose kernel runs the sandboxes (boot id inside vs the host's): kernel-surface probes
+    count an accepted mount/bpf/device read/TIOCSTI as a breach only on the host's kernel."""
     host_leaks: dict[str, list[str]] = {}
     """Resources of this home left on the host after the audit (should be empty)."""
 

@@ -16,6 +16,13 @@ from rollbox.errors import RollboxError
 _DENIED = {"EPERM", "EACCES", "EROFS", "ENOSYS", "ENOENT", "EINVAL", "ENOTTY", "ENXIO", "EIO"}
 
 
+def own_kernel_note(accepted: list[str]) -> str:
+    """How actions accepted by a kernel that is not the host's are reported."""
+    if not accepted:
+        return ""
+    return f"; accepted by the sandbox's own kernel (not the host's): {accepted}"
+
+
 @probe("proc-environ", "kernel")
 async def proc_environ(ctx: AuditContext) -> Outcome:
     """No /proc/*/environ readable inside holds a host process's secret."""
@@ -213,7 +220,7 @@ async def sys_write(ctx: AuditContext) -> Outcome:
 
 @probe("mknod", "kernel")
 async def mknod(ctx: AuditContext) -> Outcome:
-    """Device nodes made inside cannot read host memory or the host's disk."""
+    """Device nodes made inside cannot read the host's memory or disk."""
     a, _ = await ctx.shared()
     st = os.stat("/")
     nodes = [
@@ -225,10 +232,12 @@ async def mknod(ctx: AuditContext) -> Outcome:
     reads = {
         n: r["open_read"] for n, r in res["nodes"].items() if r["open_read"].startswith("READ")
     }
+    shared = ctx.shared_kernel
     out = verdict(
-        [f"device read through a node made inside: {reads}"] if reads else [],
-        "mknod/open of /dev/mem, /dev/kmem and the host root disk: "
-        + ", ".join(f"{n} {r['mknod']}/{r['open_read']}" for n, r in res["nodes"].items()),
+        [f"host device read through a node made inside: {reads}"] if reads and shared else [],
+        "mknod/open of /dev/mem, /dev/kmem and the host root disk's numbers: "
+        + ", ".join(f"{n} {r['mknod']}/{r['open_read']}" for n, r in res["nodes"].items())
+        + ("" if shared else own_kernel_note(sorted(reads))),
     )
     out.evidence = {
         "nodes": res["nodes"],
@@ -239,12 +248,16 @@ async def mknod(ctx: AuditContext) -> Outcome:
 
 @probe("mount", "kernel")
 async def mount(ctx: AuditContext) -> Outcome:
-    """mount(2) of tmpfs, proc and a bind of / is refused inside."""
+    """mount(2) of tmpfs, proc and a bind of / is refused by the host's kernel."""
     a, _ = await ctx.shared()
     res = (await ctx.py(a, scripts.MOUNT))["mount"]
     # A new mount namespace alone changes nothing; a mount that succeeds is the breach.
     ok = [k for k, v in res.items() if v == "OK" and not k.startswith("unshare")]
-    out = verdict([f"allowed inside: {ok}"] if ok else [], f"results: {res}")
+    shared = ctx.shared_kernel
+    out = verdict(
+        [f"mounts allowed on the host's kernel: {ok}"] if ok and shared else [],
+        f"results: {res}" + ("" if shared else own_kernel_note(ok)),
+    )
     out.evidence = {"results": res}
     return out
 
@@ -279,12 +292,15 @@ async def keyctl(ctx: AuditContext) -> Outcome:
 
 @probe("bpf", "kernel")
 async def bpf(ctx: AuditContext) -> Outcome:
-    """bpf(BPF_MAP_CREATE) is refused inside."""
+    """bpf(BPF_MAP_CREATE) is refused by the host's kernel."""
     a, _ = await ctx.shared()
     res = await ctx.py(a, scripts.BPF)
     ok = res["bpf_map_create"] == "OK"
+    shared = ctx.shared_kernel
     out = verdict(
-        ["bpf map created inside"] if ok else [], f"bpf(BPF_MAP_CREATE): {res['bpf_map_create']}"
+        ["bpf map created in the host's kernel"] if ok and shared else [],
+        f"bpf(BPF_MAP_CREATE): {res['bpf_map_create']}"
+        + ("" if shared else own_kernel_note(["bpf"] if ok else [])),
     )
     out.evidence = res
     return out
@@ -292,12 +308,14 @@ async def bpf(ctx: AuditContext) -> Outcome:
 
 @probe("tiocsti", "kernel")
 async def tiocsti(ctx: AuditContext) -> Outcome:
-    """TIOCSTI cannot inject input into any terminal reachable inside."""
+    """TIOCSTI cannot inject input into any host terminal reachable inside."""
     a, _ = await ctx.shared()
     res = await ctx.py(a, scripts.TIOCSTI)
     inj = [k for k, v in res["tiocsti"].items() if v == "INJECTED"]
+    shared = ctx.shared_kernel
     out = verdict(
-        [f"input injected via {inj}"] if inj else [], f"TIOCSTI refused: {res['tiocsti']}"
+        [f"input injected via {inj}"] if inj and shared else [],
+        f"TIOCSTI: {res['tiocsti']}" + ("" if shared else own_kernel_note(inj)),
     )
     out.evidence = res
     return out

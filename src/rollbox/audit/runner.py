@@ -101,6 +101,10 @@ async def run_audit(
     results: list[ProbeResult] = []
     try:
         await ctx.start_canaries()
+        try:
+            await ctx.detect_kernel()
+        except (RollboxError, OSError) as exc:
+            ctx.kernel = {"shared": True, "error": f"{type(exc).__name__}: {exc}"}
         for p in probes if probes is not None else PROBES:
             timeout = 120.0 + (ctx.cycles * 2.0 if p.name == "residue-cycles" else 0.0)
             res = await _run_probe(ctx, p, timeout)
@@ -126,4 +130,5 @@ async def run_audit(
         passed=sum(r.status == "pass" for r in results),
         skipped=sum(r.status == "skip" for r in results),
         host_leaks=leaks,
+        kernel=ctx.kernel,
     )
