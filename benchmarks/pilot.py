@@ -2,7 +2,7 @@
 
 Usage (as root)::
 
-    .venv/bin/python benchmarks/pilot.py                 # namespace + gvisor, full scale
+    .venv/bin/python benchmarks/pilot.py                 # namespace, gvisor, microvm
     .venv/bin/python benchmarks/pilot.py --quick         # small scale (smoke)
     .venv/bin/python benchmarks/pilot.py --backends namespace --skip-audit
 
@@ -27,10 +27,13 @@ ROLLBOX = str(Path(sys.executable).parent / "rollbox")
 FULL = {
     "namespace": {"rollouts": 200, "concurrency": "1,4,16", "cycles": 1000},
     "gvisor": {"rollouts": 50, "concurrency": "1,4,16", "cycles": 200},
+    # a TCG boot takes seconds here: fewer rollouts and cycles
+    "microvm": {"rollouts": 8, "concurrency": "1,4", "cycles": 5},
 }
 QUICK = {
     "namespace": {"rollouts": 20, "concurrency": "1,4", "cycles": 20},
     "gvisor": {"rollouts": 8, "concurrency": "1,4", "cycles": 10},
+    "microvm": {"rollouts": 2, "concurrency": "1,2", "cycles": 2},
 }
 
 
@@ -48,7 +51,7 @@ def run(argv: list[str], home: str) -> tuple[dict[str, object], float, int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--backends", default="namespace,gvisor")
+    ap.add_argument("--backends", default="namespace,gvisor,microvm")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-audit", action="store_true")
     ap.add_argument("--skip-pilot", action="store_true")
