@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from rollbox import __version__
@@ -173,8 +175,6 @@ async def _raw_timing(cfg: PilotConfig, backend: str, concurrency: int) -> RawTi
         return RawTiming(tool=tool, available=False, reason="raw timing disabled or no layers")
     scratch = raw.raw_scratch(cfg.home)
     try:
-        from pathlib import Path
-
         with raw.rootfs_of([Path(p) for p in cfg.layer_dirs], scratch) as root:
             timer = raw.make_timer(backend, root, scratch, cfg.home)
             reason = await asyncio.to_thread(timer.available)
@@ -198,8 +198,6 @@ async def _raw_timing(cfg: PilotConfig, backend: str, concurrency: int) -> RawTi
     except Exception as exc:
         return RawTiming(tool=tool, available=False, reason=_err_line(exc))
     finally:
-        import shutil
-
         shutil.rmtree(scratch, ignore_errors=True)
 
 
