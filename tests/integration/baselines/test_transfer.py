@@ -34,6 +34,7 @@ def test_registry_import_keeps_pushed_digest(
     other = BaselineStore(Home(tmp_path / "other").ensure())
     info = import_image(other, f"docker://{registry}/rbx/tiny:1", names=["pulled:1"])
     assert info.digest == pushed
+    assert set(info.names) == {"pulled:1", f"{registry}/rbx/tiny:1"}
     # plain skopeo gzip-compressed the layer on push: a new digest, but the same content
     assert info.layers[0].media_type.endswith("tar+gzip")
     assert info.layers[0].diff_id == tiny.layers[0].diff_id

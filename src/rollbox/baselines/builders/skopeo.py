@@ -93,8 +93,14 @@ def import_image(
         proc = run([*cmd, ref, f"dir:{img}"], timeout=3600)
         if proc.returncode != 0:
             raise _failure("import of", ref, proc.stdout)
+        all_names = list(names or [])
+        if ref.startswith("docker://") and "@" not in ref:
+            # a registry image is also known by its reference, so FROM can name it
+            all_names.append(ref[len("docker://") :])
         # skopeo verified every blob against its digest while copying
-        return store.commit_image(img, ImageSource(reference=ref), names=names, trusted=True)
+        return store.commit_image(
+            img, ImageSource(reference=ref), names=all_names or None, trusted=True
+        )
 
 
 def export_image(
