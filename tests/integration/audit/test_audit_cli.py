@@ -124,3 +124,21 @@ def test_audit_repro_names_what_differs(shared_home: Home, tmp_path: Path) -> No
     assert "fs:/root/same.txt" not in what and not any(w.startswith("outcome:") for w in what)
     d = next(d for d in doc["differences"] if d["what"] == "fs:/root/now.txt")
     assert len(set(d["values"].values())) == 2  # each rollout's value, side by side
+
+
+@pytest.mark.slow
+@pytest.mark.vm
+def test_audit_microvm_kernel_surface(shared_home: Home) -> None:
+    """In a microVM the guest kernel is the sandbox's own: what it accepts is recorded, and
+    only host-visible effects are breaches."""
+    _need("microvm", shared_home)
+    probes = ["cross-sandbox-files", "mknod", "mount", "bpf", "proc-sys-write", "inherited-fds"]
+    args = [x for p in probes for x in ("--probe", p)]
+    r = _run(shared_home, "audit", "--backend", "microvm", *args, "--json", timeout=1200)
+    doc = json.loads(r.stdout)
+    assert doc["kernel"]["shared"] is False
+    assert doc["kernel"]["sandbox_boot_id"] != doc["kernel"]["host_boot_id"]
+    assert [p["name"] for p in doc["probes"]] == [n for n in probe_names() if n in probes]
+    bad = {p["name"]: p["summary"] for p in doc["probes"] if p["status"] != "pass"}
+    assert not bad, bad
+    assert r.returncode == 0
