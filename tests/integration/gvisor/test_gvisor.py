@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -160,6 +161,16 @@ def test_allow_list_network(
                 assert r.stdout.strip() == "hello 18090", r
                 r = await h.exec(["python3", "-c", CLIENT, ip, "18091"], timeout=30)
                 assert r.stdout.startswith("blocked"), r
+                # Nor is the host itself (the sandbox's gateway), even with a listener there.
+                net = h.info.extra["net"]
+                assert isinstance(net, dict)
+                with socket.socket() as lsn:
+                    lsn.bind((str(net["host_ip"]), 18092))
+                    lsn.listen(1)
+                    r = await h.exec(
+                        ["python3", "-c", CLIENT, str(net["host_ip"]), "18092"], timeout=30
+                    )
+                    assert r.stdout.startswith("blocked"), r
             finally:
                 await h.destroy()
 

@@ -21,8 +21,8 @@ Channel: a host listening socket cannot be handed into gVisor, so a tiny static 
 Flags: ``--overlay2=none`` so writes land in the host overlay upper (snapshot, fork, disk
 limit and host-side file access all read it), ``--file-access=shared`` so files the host
 writes into the rootfs are seen inside at once, ``--network=none`` (modes none/loopback)
-or, for allow lists, ``--network=host`` with runsc started inside the sandbox's netns
-(see :meth:`GVisorBackend._launch` for why not ``--network=sandbox``).
+or, for allow lists, ``--network=sandbox`` (gVisor's netstack) in the sandbox's netns (see
+:meth:`GVisorBackend._launch` for the workaround this runsc needs on this kernel).
 
 Limits inside gVisor: the host cgroup holds the sentry, the gofer and the ptrace stubs,
 so its memory and pids limits get an allowance for them on top of the sandbox's limits
@@ -229,20 +229,22 @@ class GVisorBackend(NamespaceBackend):
             # there; bind the overlay's /tmp so /tmp writes count against the disk limit
             # and show in snapshots, forks and the files API like everywhere else.
             rw_binds={"/run/rollbox": sdir / "run", "/tmp": tmp},
-            # allow mode: runsc is started inside the sandbox's netns (see below).
-            new_netns=netns == "-",
+            netns_path=None if netns == "-" else Path(netns),
         )
         write_bundle(sdir, config)
         sock = sdir / "run" / "agent.sock"
         with contextlib.suppress(FileNotFoundError):
             sock.unlink()  # the base class's socket: the helper binds its own here
-        # allow mode: runsc 20221219's --network=sandbox refuses to start on this kernel
-        # (its root-netns test looks for /proc/sys/net/core/rmem_default, which newer
-        # kernels have in every netns), so runsc runs inside the sandbox's netns with
-        # --network=host: the sentry's sockets are host sockets of that netns, behind
-        # its veth and firewall chain.
-        prefix = [] if netns == "-" else ["nsenter", f"--net={netns}", "--"]
-        network = "none" if netns == "-" else "host"
+        # allow mode: gVisor's own netstack on the sandbox netns's veth (--network=sandbox).
+        # runsc 20221219 refuses to start it on this kernel: its "root netns?" test is
+        # whether /proc/sys/net/core/rmem_default exists, and recent kernels have it in
+        # every netns. So runsc runs in a private mount namespace where /proc/sys/net is
+        # hidden under an empty tmpfs (it reads nothing else there).
+        prefix: list[str] = []
+        if netns != "-":
+            prefix = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
+            prefix += ['mount -t tmpfs -o size=4k rollbox-hide /proc/sys/net && exec "$@"', "sh"]
+        network = "none" if netns == "-" else "sandbox"
         argv = prefix + self._runsc_argv(
             f"--network={network}",
             "--host-uds=create",
