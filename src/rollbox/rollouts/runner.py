@@ -11,7 +11,8 @@ infra_error | interrupted``, each stamped in the :class:`~rollbox.models.Rollout
   ``tests/`` is uploaded to ``/tests`` (never visible to the agent) and ``tests/test.sh`` run,
   in the same sandbox (``shared``) or in a fresh one created from a snapshot of the agent's
   final filesystem (``separate``), under ``[verifier] timeout_sec``; the reward is read;
-* **collect** — ``artifacts`` paths and ``/logs/verifier`` downloaded into the blob store;
+* **collect** — ``artifacts`` paths, ``/logs/verifier`` and (when the agent wrote it)
+  ``/logs/agent`` downloaded into the blob store;
 * **teardown** — every sandbox destroyed, always: on errors and on cancellation (Ctrl-C),
   through :func:`asyncio.shield`.
 
@@ -74,6 +75,8 @@ from rollbox.store.metadata import MetaStore
 T = TypeVar("T")
 
 TESTS_DIR = "/tests"
+AGENT_LOG_DIR = "/logs/agent"
+"""Harbor's agent log directory: collected when the agent made it."""
 TTL_MARGIN_S = 600.0
 """Sandboxes outlive a rollout's time budget by this much at most, even if rollbox dies."""
 
@@ -544,7 +547,7 @@ class RolloutRunner:
         missing: list[str] = []
         t0 = time.perf_counter()
         try:
-            for i, src in enumerate([*task.artifacts, REWARD_DIR]):
+            for i, src in enumerate([*task.artifacts, REWARD_DIR, AGENT_LOG_DIR]):
                 dest = scratch / str(i)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 try:
@@ -552,10 +555,10 @@ class RolloutRunner:
                 except BackendError:
                     raise
                 except (RollboxError, OSError) as exc:
-                    if src != REWARD_DIR:
+                    if src not in (REWARD_DIR, AGENT_LOG_DIR):
                         missing.append(f"{src}: {exc}")
                     continue
-                if src == REWARD_DIR:
+                if src in (REWARD_DIR, AGENT_LOG_DIR):
                     refs += self._store_tree(src, dest)  # a few small files: inline
                 else:
                     refs += await asyncio.to_thread(self._store_tree, src, dest)

@@ -86,7 +86,8 @@ def test_artifacts_are_collected_as_blobs(runs: Runs) -> None:
     t = runs.task(
         "arts",
         toml='artifacts = ["/out", "/missing.txt"]\n',
-        solve="mkdir -p /out/sub && echo report > /out/r.txt && echo deep > /out/sub/d.txt",
+        solve="mkdir -p /out/sub /logs/agent && echo report > /out/r.txt"
+        " && echo deep > /out/sub/d.txt && echo thinking > /logs/agent/agent.log",
         test='echo \'{"reward": 1, "style": 0.5}\' > /logs/verifier/reward.json',
     )
     _, (rec,) = runs.run([t], agent="oracle")
@@ -94,6 +95,7 @@ def test_artifacts_are_collected_as_blobs(runs: Runs) -> None:
     arts = {a.name: runs.blobs.get(a.digest) for a in rec.artifacts}
     assert arts["/out/r.txt"] == b"report\n"
     assert arts["/out/sub/d.txt"] == b"deep\n"
+    assert arts["/logs/agent/agent.log"] == b"thinking\n"
     assert json.loads(arts["/logs/verifier/reward.json"])["style"] == 0.5
     assert any("/missing.txt" in m for m in rec.extra["missing_artifacts"])
     assert rec.verifier is not None and rec.verifier.rewards == {"reward": 1.0, "style": 0.5}
