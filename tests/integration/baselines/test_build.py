@@ -110,3 +110,14 @@ def test_failing_step_is_build_error_with_output(
     assert "step-output-marker" in exc.value.output
     assert [b.digest for b in store.all()] == [tiny.digest]
     assert _leftover_build_images(store) == []
+
+
+def test_from_unreachable_registry_is_unknown_base(store: BaselineStore, tmp_path: Path) -> None:
+    from .conftest import free_port
+
+    image = f"127.0.0.1:{free_port()}/rbx/absent:1"  # nothing listens there
+    ctx = _context(tmp_path, f"FROM {image}\nRUN true\n")
+    with pytest.raises(UnknownBaseImageError, match="cannot be pulled") as exc:
+        build(store, ctx)
+    assert image in exc.value.one_line()
+    assert store.all() == []

@@ -19,11 +19,17 @@ from pathlib import Path
 
 from rollbox.baselines import dockerfile as df
 from rollbox.baselines.builders.proc import run
-from rollbox.baselines.builders.skopeo import import_image, is_loopback_registry
+from rollbox.baselines.builders.skopeo import import_image
 from rollbox.baselines.locks import flock, lock_is_held
 from rollbox.baselines.refs import hex_of
 from rollbox.baselines.store import BaselineStore
-from rollbox.errors import BaselineNotFoundError, BuildError, RecipeError, UnknownBaseImageError
+from rollbox.errors import (
+    BaselineNotFoundError,
+    BuildError,
+    NotFoundError,
+    RecipeError,
+    UnknownBaseImageError,
+)
 from rollbox.models import BaselineInfo, DockerfileSource
 
 BASE_REPO = "localhost/rollbox-base"
@@ -43,10 +49,11 @@ def _find_dockerfile(context: Path, dockerfile: Path | None) -> Path:
 
 
 def resolve_base(store: BaselineStore, image: str) -> BaselineInfo:
-    """The store baseline a ``FROM`` image names (loopback registries are imported).
+    """The store baseline a ``FROM`` image names; an image on an explicit registry
+    (``host:port/…``, ``registry.example/…``) is imported on first use.
 
     Raises:
-        UnknownBaseImageError: neither in the store nor on a loopback registry.
+        UnknownBaseImageError: neither in the store nor pullable.
     """
     name, _, digest = image.partition("@")
     if digest:
@@ -58,8 +65,17 @@ def resolve_base(store: BaselineStore, image: str) -> BaselineInfo:
     if found is not None:
         return found
     ref = "docker://" + image
-    if is_loopback_registry(ref):
-        return import_image(store, ref, names=[image] if not digest else None)
+    first = name.split("/", 1)[0] if "/" in name else ""
+    if first and ("." in first or ":" in first or first == "localhost"):
+        # an explicit registry: pull it (Docker Hub short names are never tried, so
+        # a build without network access fails at once, with the hint below)
+        try:
+            return import_image(store, ref, command_timeout=120)
+        except (NotFoundError, BuildError) as exc:
+            raise UnknownBaseImageError(
+                f"FROM {image}: not in the store and cannot be pulled: {exc.message}",
+                hint="check the registry, or import the image and tag it with that name",
+            )
     raise UnknownBaseImageError(
         f"FROM {image}: no baseline named {image!r} in the store",
         hint=(

@@ -60,6 +60,7 @@ def import_image(
     *,
     names: list[str] | None = None,
     tls_verify: bool | None = None,
+    command_timeout: int | None = None,
 ) -> BaselineInfo:
     """Import ``ref`` (``docker://``, ``oci:``, ``oci-archive:``, ``docker-archive:``) with
     its digest unchanged.
@@ -69,6 +70,7 @@ def import_image(
         ref: a skopeo transport:reference.
         names: names to give it.
         tls_verify: verify registry TLS (default: yes, except for loopback registries).
+        command_timeout: give up after this many seconds (skopeo ``--command-timeout``).
 
     Raises:
         InvalidInputError: unknown transport or missing path.
@@ -87,7 +89,10 @@ def import_image(
     key = hashlib.sha256(ref.encode()).hexdigest()[:32]
     with flock(store.home.locks / f"import-{key}.lock"), store.staging("import") as stage:
         img = stage / "img"
-        cmd = ["skopeo", "copy", "--quiet", "--preserve-digests"]
+        cmd = ["skopeo"]
+        if command_timeout is not None:
+            cmd.append(f"--command-timeout={command_timeout}s")
+        cmd += ["copy", "--quiet", "--preserve-digests"]
         if ref.startswith("docker://"):
             cmd.append(f"--src-tls-verify={'true' if tls_verify else 'false'}")
         proc = run([*cmd, ref, f"dir:{img}"], timeout=3600)
