@@ -64,6 +64,12 @@ def summary_ms(values: list[float]) -> dict[str, float]:
     }
 
 
+def cpu_children() -> float:
+    """CPU of reaped children (bwrap and, through it, everything that ran in the sandbox)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def cpu_self() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -114,13 +120,20 @@ async def raw_run(lowers: list[Path], n: int, conc: int) -> dict[str, object]:
         async with sem:
             lat.append(await raw_one(lowers, scratch, i))
 
-    t0 = time.perf_counter()
+    ch0, t0 = cpu_children(), time.perf_counter()
     async with asyncio.TaskGroup() as tg:
         for i in range(n):
             tg.create_task(one(i))
     wall = time.perf_counter() - t0
+    children = cpu_children() - ch0
     shutil.rmtree(scratch, ignore_errors=True)
-    return {"rollouts": n, "wall_s": round(wall, 3), "per_s": round(n / wall, 2), **summary_ms(lat)}
+    return {
+        "rollouts": n,
+        "wall_s": round(wall, 3),
+        "per_s": round(n / wall, 2),
+        "children_cpu_ms_per_rollout": round(children / n * 1000, 2),
+        **summary_ms(lat),
+    }
 
 
 async def api_run(home: Home, task: Path, n: int, conc: int) -> dict[str, object]:
@@ -159,17 +172,19 @@ async def api_run(home: Home, task: Path, n: int, conc: int) -> dict[str, object
 
     # The same thread pool a run uses (see Run.execute), so the comparison is fair.
     asyncio.get_running_loop().set_default_executor(executor_for(conc))
-    cpu0, t0 = cpu_self(), time.perf_counter()
+    cpu0, ch0, t0 = cpu_self(), cpu_children(), time.perf_counter()
     async with asyncio.TaskGroup() as tg:
         for i in range(n):
             tg.create_task(one(i))
     wall, cpu = time.perf_counter() - t0, cpu_self() - cpu0
+    children = cpu_children() - ch0
     shutil.rmtree(scratch, ignore_errors=True)
     return {
         "rollouts": n,
         "wall_s": round(wall, 3),
         "per_s": round(n / wall, 2),
         "cpu_ms_per_rollout": round(cpu / n * 1000, 2),
+        "children_cpu_ms_per_rollout": round(children / n * 1000, 2),
         **summary_ms(lat),
     }
 
@@ -183,9 +198,10 @@ def rollbox_run(home: Home, task: Path, n: int, conc: int, db: Path) -> dict[str
     )  # fmt: skip
     run = Run(home, meta, blobs, opts, check_host=True)
     run.start_new()
-    cpu0, t0 = cpu_self(), time.perf_counter()
+    cpu0, ch0, t0 = cpu_self(), cpu_children(), time.perf_counter()
     result = asyncio.run(run.execute())
     wall, cpu = time.perf_counter() - t0, cpu_self() - cpu0
+    children = cpu_children() - ch0
     recs = meta.rollouts_of(result.run.id)
     ok = [r for r in recs if r.status == "done" and r.verifier and r.verifier.passed]
     timing = {rid: t for runner in run._runners.values() for rid, t in runner.timing.items()}
@@ -214,6 +230,11 @@ def rollbox_run(home: Home, task: Path, n: int, conc: int, db: Path) -> dict[str
             ]
         ),
         "own_cpu_ms_per_rollout": round(cpu / n * 1000, 2),
+        "children_cpu_ms_per_rollout": round(children / n * 1000, 2),
+        # Both cores busy with nothing else: the most this machine could do.
+        "cpu_bound_ceiling_per_s": round(
+            (os.cpu_count() or 1) / max(1e-9, (cpu + children) / n), 1
+        ),
         "own_wall_ms_per_rollout": summary_ms(own),
         "phase_ms_median": {k: round(statistics.median(v) * 1000, 2) for k, v in phases.items()},
         "cleanup": result.run.summary.get("cleanup"),
