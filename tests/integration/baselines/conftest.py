@@ -49,9 +49,19 @@ def store(home: Home) -> BaselineStore:
 
 
 @pytest.fixture
-def tiny(store: BaselineStore, tmp_path: Path) -> BaselineInfo:
-    """The tiny busybox baseline, imported into the test's home as ``rbxtest/busybox:1``."""
-    return store.import_rootfs(make_tiny_rootfs(tmp_path / "tinyroot"), names=[TINY_NAME])
+def tiny(store: BaselineStore, tmp_path: Path) -> Iterator[BaselineInfo]:
+    """The tiny busybox baseline, imported into the test's home as ``rbxtest/busybox:1``.
+
+    Its digest is unique to the test (file mtimes), so the copy a build hands to the
+    machine-wide containers-storage is removed afterwards without touching anyone else's.
+    """
+    info = store.import_rootfs(make_tiny_rootfs(tmp_path / "tinyroot"), names=[TINY_NAME])
+    yield info
+    subprocess.run(
+        ["buildah", "rmi", f"localhost/rollbox-base:{info.digest[7:]}"],
+        capture_output=True,
+        check=False,
+    )
 
 
 def free_port() -> int:

@@ -78,11 +78,16 @@ def test_bad_input_exit_2(home: Home, tmp_path: Path) -> None:
 
 def test_failed_step_exit_1_with_output(home: Home, tmp_path: Path) -> None:
     root = make_tiny_rootfs(tmp_path / "root")
-    assert rbx("import", str(root), "--name", "tiny:1").returncode == 0
+    imported = rbx("import", str(root), "--name", "tiny:1", "--json")
+    assert imported.returncode == 0
     ctx = tmp_path / "ctx"
     ctx.mkdir()
     (ctx / "Dockerfile").write_text("FROM tiny:1\nRUN echo the-step-said-this && false\n")
-    proc = rbx("build", str(ctx))
+    try:
+        proc = rbx("build", str(ctx))
+    finally:  # the base handed to containers-storage is unique to this test
+        base = json.loads(imported.stdout)["digest"][7:]
+        subprocess.run(["buildah", "rmi", f"localhost/rollbox-base:{base}"], capture_output=True)
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: build of")
     assert "the-step-said-this" in proc.stderr
