@@ -99,3 +99,15 @@ def test_from_loopback_registry_is_imported_on_demand(
     assert info.parent == tiny.digest
     assert other.resolve(f"{registry}/rbx/tiny:2").digest == tiny.digest
     assert (other.layer_dirs(info.digest)[-1] / "ok").read_text() == "ok\n"
+
+
+def test_docker_archive_export_and_import(
+    store: BaselineStore, tiny: BaselineInfo, tmp_path: Path
+) -> None:
+    archive = tmp_path / "tiny.docker.tar"
+    export_image(store, tiny.digest, f"docker-archive:{archive}:rbx/tiny:1")
+    other = BaselineStore(Home(tmp_path / "other").ensure())
+    info = import_image(other, f"docker-archive:{archive}")
+    # docker-archive keeps no manifest digest, but the layer content is the same
+    assert info.layers[0].diff_id == tiny.layers[0].diff_id
+    assert (other.layer_dirs(info.digest)[0] / "bin" / "busybox").is_file()

@@ -46,9 +46,15 @@ def _check_path(ref: str) -> None:
                 raise InvalidInputError(f"{ref}: {path} does not exist")
 
 
+_MSG = re.compile(r'level=(?:fatal|error) msg="((?:[^"\\]|\\.)*)"')
+
+
 def _failure(what: str, ref: str, output: str) -> Exception:
     lines = [ln for ln in output.strip().splitlines() if ln.strip()]
     last = lines[-1] if lines else "no output"
+    m = _MSG.search(last)
+    if m:  # logrus line: keep just the message
+        last = m.group(1).replace('\\"', '"')
     if any(s in output.lower() for s in _NOT_FOUND):
         return NotFoundError(f"{what} {ref}: {last}")
     return BuildError(f"{what} {ref} failed: {last}", output=output)
@@ -133,7 +139,10 @@ def export_image(
     if tls_verify is None:
         tls_verify = not is_loopback_registry(dest)
     src = f"oci:{store.home.oci}:{hex_of(info.digest)}"
-    cmd = ["skopeo", "copy", "--quiet", "--preserve-digests"]
+    cmd = ["skopeo", "copy", "--quiet"]
+    if not dest.startswith("docker-archive:"):
+        # docker-archive has no manifest digest to keep: skopeo must convert to it
+        cmd.append("--preserve-digests")
     if dest.startswith("docker://"):
         cmd.append(f"--dest-tls-verify={'true' if tls_verify else 'false'}")
     with store.lock():  # keeps gc from removing blobs while they are read
