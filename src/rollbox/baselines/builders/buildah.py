@@ -28,6 +28,7 @@ from rollbox.errors import (
     BuildError,
     NotFoundError,
     RecipeError,
+    StoreError,
     UnknownBaseImageError,
 )
 from rollbox.models import BaselineInfo, DockerfileSource
@@ -71,7 +72,7 @@ def resolve_base(store: BaselineStore, image: str) -> BaselineInfo:
         # a build without network access fails at once, with the hint below)
         try:
             return import_image(store, ref, command_timeout=120)
-        except (NotFoundError, BuildError) as exc:
+        except (NotFoundError, StoreError) as exc:
             raise UnknownBaseImageError(
                 f"FROM {image}: not in the store and cannot be pulled: {exc.message}",
                 hint="check the registry, or import the image and tag it with that name",

@@ -15,7 +15,7 @@ from rollbox.baselines.builders.proc import run
 from rollbox.baselines.locks import flock
 from rollbox.baselines.refs import hex_of
 from rollbox.baselines.store import BaselineStore
-from rollbox.errors import BuildError, InvalidInputError, NotFoundError
+from rollbox.errors import InvalidInputError, NotFoundError, StoreError
 from rollbox.models import BaselineInfo, ImageSource
 
 IMPORT_TRANSPORTS = ("docker://", "oci:", "oci-archive:", "docker-archive:", "dir:")
@@ -57,7 +57,7 @@ def _failure(what: str, ref: str, output: str) -> Exception:
         last = m.group(1).replace('\\"', '"')
     if any(s in output.lower() for s in _NOT_FOUND):
         return NotFoundError(f"{what} {ref}: {last}")
-    return BuildError(f"{what} {ref} failed: {last}", output=output)
+    return StoreError(f"{what} {ref} failed: {last}")
 
 
 def import_image(
@@ -81,7 +81,7 @@ def import_image(
     Raises:
         InvalidInputError: unknown transport or missing path.
         NotFoundError: the image does not exist.
-        BuildError: skopeo failed otherwise (its output attached).
+        StoreError: skopeo failed otherwise (its message in one line).
     """
     if not is_transport_ref(ref):
         raise InvalidInputError(
@@ -124,7 +124,7 @@ def export_image(
 
     Raises:
         InvalidInputError: unknown destination transport.
-        BuildError: skopeo failed.
+        StoreError: skopeo failed.
     """
     info = store.resolve(ref)
     if not dest.startswith(EXPORT_TRANSPORTS):
