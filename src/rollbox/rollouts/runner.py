@@ -513,9 +513,9 @@ class RolloutRunner:
         outcome.duration_s = time.perf_counter() - started
         outcome.stdout = self._ref("verifier.stdout", out.encode(), truncated=cut)
         outcome.stderr = self._ref("verifier.stderr", err.encode(), truncated=cut)
+        # /logs/verifier comes out once: kept as artifacts, and the reward is read from it.
+        txt, js = await self._verifier_logs(rec, sbx)
         if outcome.error is None:
-            txt = await self._read_optional(sbx, REWARD_TXT)
-            js = await self._read_optional(sbx, REWARD_JSON)
             try:
                 reward = parse_reward(txt, js)
             except VerifierError as exc:
@@ -531,6 +531,35 @@ class RolloutRunner:
         timing.backend_s += time.perf_counter() - t0
         rec.verifier = outcome
 
+    async def _verifier_logs(
+        self, rec: RolloutRecord, sbx: AsyncSandbox
+    ) -> tuple[bytes | None, bytes | None]:
+        """Download ``/logs/verifier`` into the blob store (as artifacts); return the contents
+        of ``reward.txt`` and ``reward.json`` (None: absent)."""
+        scratch = self.home.tmp / f"verifier-{rec.id}"
+        dest = scratch / "logs"
+        scratch.mkdir(parents=True, exist_ok=True)
+        try:
+            try:
+                await sbx.files.download(REWARD_DIR, dest)
+            except BackendError:
+                raise
+            except (RollboxError, OSError):
+                return None, None
+            rec.artifacts = [*rec.artifacts, *self._store_tree(REWARD_DIR, dest)]
+            found: list[bytes | None] = []
+            for path in (REWARD_TXT, REWARD_JSON):
+                local = dest / Path(path).name
+                if local.is_symlink():  # resolve it inside the sandbox, never on the host
+                    found.append(await self._read_optional(sbx, path))
+                elif local.is_file():
+                    found.append(local.read_bytes())
+                else:
+                    found.append(None)
+            return found[0], found[1]
+        finally:
+            shutil.rmtree(scratch, True)
+
     @staticmethod
     async def _read_optional(sbx: AsyncSandbox, path: str) -> bytes | None:
         try:
@@ -543,11 +572,11 @@ class RolloutRunner:
     async def _collect(self, rec: RolloutRecord, sbx: AsyncSandbox, task: Task) -> None:
         timing = self._time(rec)
         scratch = self.home.tmp / f"collect-{rec.id}"
-        refs: list[BlobRef] = []
+        refs: list[BlobRef] = list(rec.artifacts)  # /logs/verifier, stored by _verify
         missing: list[str] = []
         t0 = time.perf_counter()
         try:
-            for i, src in enumerate([*task.artifacts, REWARD_DIR, AGENT_LOG_DIR]):
+            for i, src in enumerate([*task.artifacts, AGENT_LOG_DIR]):
                 dest = scratch / str(i)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 try:
@@ -555,11 +584,11 @@ class RolloutRunner:
                 except BackendError:
                     raise
                 except (RollboxError, OSError) as exc:
-                    if src not in (REWARD_DIR, AGENT_LOG_DIR):
+                    if src != AGENT_LOG_DIR:
                         missing.append(f"{src}: {exc}")
                     continue
-                if src in (REWARD_DIR, AGENT_LOG_DIR):
-                    refs += self._store_tree(src, dest)  # a few small files: inline
+                if src == AGENT_LOG_DIR:
+                    refs += self._store_tree(src, dest)  # usually a few small files: inline
                 else:
                     refs += await asyncio.to_thread(self._store_tree, src, dest)
         finally:
