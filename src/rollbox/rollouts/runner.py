@@ -10,9 +10,10 @@ infra_error | interrupted``, each stamped in the :class:`~rollbox.models.Rollout
 * **verify** — the filesystem diff of the agent's final state is taken first; then
   ``tests/`` is uploaded to ``/tests`` (never visible to the agent) and ``tests/test.sh`` run,
   in the same sandbox (``shared``) or in a fresh one created from a snapshot of the agent's
-  final filesystem (``separate``), under ``[verifier] timeout_sec``; the reward is read;
-* **collect** — ``artifacts`` paths, ``/logs/verifier`` and (when the agent wrote it)
-  ``/logs/agent`` downloaded into the blob store;
+  final filesystem (``separate``), under ``[verifier] timeout_sec``; ``/logs/verifier`` is
+  downloaded into the blob store and the reward read from it;
+* **collect** — ``artifacts`` paths and (when the agent wrote it) ``/logs/agent``
+  downloaded into the blob store;
 * **teardown** — every sandbox destroyed, always: on errors and on cancellation (Ctrl-C),
   through :func:`asyncio.shield`.
 
