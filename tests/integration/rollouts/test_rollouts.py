@@ -176,9 +176,13 @@ async def act(sbx, instruction):
     assert no_leaks(recs) == {}
 
 
-def test_group_from_snapshot_shares_one_setup(runs: Runs) -> None:
-    t = runs.task("grp", solve="cat /task/instruction.md > /tmp/out.txt")
-    _, recs = runs.run([t], agent="oracle", attempts=3, concurrency=3, group_from_snapshot=True)
+@pytest.mark.parametrize("how", ["flag", "task.toml"])
+def test_group_from_snapshot_shares_one_setup(runs: Runs, how: str) -> None:
+    toml = '[rollbox]\ngroup_mode = "snapshot"\n' if how == "task.toml" else ""
+    t = runs.task("grp", solve="cat /task/instruction.md > /tmp/out.txt", toml=toml)
+    _, recs = runs.run(
+        [t], agent="oracle", attempts=3, concurrency=3, group_from_snapshot=how == "flag"
+    )
     assert len(recs) == 3 and all(r.status == "done" for r in recs), [r.error for r in recs]
     assert len({r.group_id for r in recs}) == 1 and recs[0].group_id is not None
     assert len({r.baseline_digest for r in recs}) == 1
