@@ -161,7 +161,11 @@ async def process_isolation(t: Harness) -> None:
     a, b = await t.create(), await t.create()
     marker = f"iso{uuid.uuid4().hex[:8]}"
     await sh(a, f"cp /bin/sleep /tmp/{marker}; setsid /tmp/{marker} 300 >/dev/null 2>&1 &")
-    seen = await sh(a, "cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+    for _ in range(50):  # the backgrounded process may not have exec'd yet
+        seen = await sh(a, "cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+        if marker in seen:
+            break
+        await asyncio.sleep(0.05)
     check(marker in seen, "A cannot see its own process")
     seen_b = await sh(b, "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
     check(marker not in seen_b, "B sees A's process")
@@ -290,7 +294,8 @@ async def fork_bomb(t: Harness) -> None:
     h = await t.create(limits=Limits(pids=64))
     crashed = False
     try:
-        await h.exec("b() { b | b & }; b; sleep 30", timeout=3)
+        # the sleeper starts first: once the bomb fills the pids limit nothing can fork
+        await h.exec("sleep 30 & s=$!; b() { b | b & }; b; wait $s", timeout=3)
     except ExecTimeoutError:
         pass
     except SandboxCrashedError:

@@ -13,13 +13,16 @@
  *
  * Wire format (both directions): u8 type, u32 little-endian length, payload.
  *   host -> agent  'E' exec request: u32 uid, gid, nofile, flags, argc, envc, then
- *                      NUL-terminated cwd, argv[argc], env[envc]
+ *                      NUL-terminated cwd, argv[argc], env[envc]; with flag 4 it carries
+ *                      (SCM_RIGHTS) open cgroup.procs files of the exec's own cgroups: the
+ *                      command joins them itself and there is no 'P'/'G' handshake
  *                  'G' go (the host has placed the child in its exec cgroup)
  *                  'I' stdin data (empty payload: close stdin)
  *                  'Q' ping
  *   agent -> host  'P' u32 pid of the command inside the sandbox's pid namespace
  *                  'O' stdout chunk   'R' stderr chunk
- *                  'F' u8 stage ('C' chdir, 'U' user, 'E' exec), i32 errno
+ *                  'F' u8 stage ('C' chdir, 'U' user, 'E' exec, 'G' cgroup,
+ *                      'S' session fork), i32 errno
  *                  'X' i32 exit code (128+N when killed by signal N)
  *                  'A' pong
  */
@@ -37,12 +40,14 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #define FLAG_STDIN 1u
 #define FLAG_USER 2u
+#define FLAG_CGFDS 4u /* cgroup.procs fds came with the request: no pid/go handshake */
 #define MAX_REQ (4u << 20)
 
 static int write_all(int fd, const void *buf, size_t len) {
@@ -83,10 +88,41 @@ static int send_frame(int fd, char type, const void *data, uint32_t len) {
     return 0;
 }
 
-/* Reads one frame; *data is malloc'd (caller frees). Returns type or -1. */
-static int recv_frame(int fd, char **data, uint32_t *len) {
+/* Reads a frame header with recvmsg, collecting up to MAX_FDS passed descriptors. */
+#define MAX_FDS 4
+static int recv_header(int fd, char hdr[5], int *fds, int *nfds) {
+    struct iovec iov = {hdr, 5};
+    char cbuf[CMSG_SPACE(sizeof(int) * MAX_FDS)];
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf;
+    msg.msg_controllen = sizeof cbuf;
+    ssize_t n;
+    do n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC); while (n < 0 && errno == EINTR);
+    if (n <= 0) return -1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        int *src = (int *)CMSG_DATA(c);
+        for (int i = 0; i < k; i++) {
+            if (*nfds < MAX_FDS) fds[(*nfds)++] = src[i];
+            else close(src[i]);
+        }
+    }
+    if (n < 5 && read_all(fd, hdr + n, (size_t)(5 - n)) < 0) return -1;
+    return 0;
+}
+
+/* Reads one frame; *data is malloc'd (caller frees). Returns type or -1.
+ * With fds != NULL, descriptors passed along with the header are stored there. */
+static int recv_frame_fds(int fd, char **data, uint32_t *len, int *fds, int *nfds) {
     char hdr[5];
-    if (read_all(fd, hdr, 5) < 0) return -1;
+    if (fds) {
+        if (recv_header(fd, hdr, fds, nfds) < 0) return -1;
+    } else if (read_all(fd, hdr, 5) < 0) {
+        return -1;
+    }
     memcpy(len, hdr + 1, 4);
     if (*len > MAX_REQ) return -1;
     *data = malloc(*len + 1);
@@ -97,6 +133,10 @@ static int recv_frame(int fd, char **data, uint32_t *len) {
     }
     (*data)[*len] = 0;
     return (unsigned char)hdr[0];
+}
+
+static int recv_frame(int fd, char **data, uint32_t *len) {
+    return recv_frame_fds(fd, data, len, NULL, NULL);
 }
 
 static void report_fail(int errfd, char stage, int err) {
@@ -157,7 +197,9 @@ static uint32_t rd32(const char **p) {
 static void session(int conn) {
     char *req = NULL;
     uint32_t len = 0;
-    int type = recv_frame(conn, &req, &len);
+    int cgfds[MAX_FDS];
+    int ncg = 0;
+    int type = recv_frame_fds(conn, &req, &len, cgfds, &ncg);
     if (type == 'Q') {
         send_frame(conn, 'A', NULL, 0);
         _exit(0);
@@ -201,8 +243,19 @@ static void session(int conn) {
         signal(SIGCHLD, SIG_DFL);
         signal(SIGPIPE, SIG_DFL);
         setsid();
-        char c;
-        if (read(go[0], &c, 1) != 1) _exit(255);
+        if (flags & FLAG_CGFDS) {
+            /* Join this exec's own cgroups through the descriptors the host passed. */
+            for (int i = 0; i < ncg; i++) {
+                if (write(cgfds[i], "0", 1) != 1) {
+                    report_fail(ef[1], 'G', errno);
+                    _exit(125);
+                }
+                close(cgfds[i]);
+            }
+        } else {
+            char c;
+            if (read(go[0], &c, 1) != 1) _exit(255);
+        }
         int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
         dup2(flags & FLAG_STDIN ? in[0] : nul, 0);
         dup2(out[1], 1);
@@ -231,14 +284,17 @@ static void session(int conn) {
     close(go[0]);
     close(ef[1]);
     if (in[0] >= 0) close(in[0]);
-    uint32_t cpid = (uint32_t)child;
-    if (send_frame(conn, 'P', &cpid, 4) < 0) { kill(child, SIGKILL); _exit(1); }
+    for (int i = 0; i < ncg; i++) close(cgfds[i]);
+    if (!(flags & FLAG_CGFDS)) {
+        uint32_t cpid = (uint32_t)child;
+        if (send_frame(conn, 'P', &cpid, 4) < 0) { kill(child, SIGKILL); _exit(1); }
+        char *msg = NULL;
+        type = recv_frame(conn, &msg, &len);
+        if (type != 'G') { kill(child, SIGKILL); _exit(1); }
+        free(msg);
+        if (write_all(go[1], "g", 1) < 0) _exit(1);
+    }
     free(req);
-    char *msg = NULL;
-    type = recv_frame(conn, &msg, &len);
-    if (type != 'G') { kill(child, SIGKILL); _exit(1); }
-    free(msg);
-    if (write_all(go[1], "g", 1) < 0) _exit(1);
     close(go[1]);
 
     int out_open = 1, err_open = 1, conn_open = 1, exited = 0, status = 0;

@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import errno as errno_mod
 import os
+import socket
 import struct
+from array import array
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,23 +75,56 @@ class AgentClient:
         finally:
             writer.close()
 
+    async def _connect_with_fds(
+        self, first: bytes, fds: list[int]
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Connect and send ``first`` with ``fds`` attached (SCM_RIGHTS)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with short_unix_path(self.socket_path) as path:
+                sock.connect(path)
+            sent = sock.sendmsg([first], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array("i", fds))])
+            if sent < len(first):
+                sock.sendall(first[sent:])
+            sock.setblocking(False)
+            return await asyncio.open_unix_connection(sock=sock, limit=1 << 20)
+        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as exc:
+            sock.close()
+            raise SandboxCrashedError(
+                f"the sandbox agent at {self.socket_path} is not reachable: {exc.strerror}"
+            ) from None
+        except BaseException:
+            sock.close()
+            raise
+
     async def exec(
         self,
         req: ExecRequest,
         *,
-        on_pid: Callable[[int], Awaitable[None]],
+        on_pid: Callable[[int], Awaitable[None]] | None = None,
+        cgroup_fds: list[int] | None = None,
         on_stdout: ByteSink,
         on_stderr: ByteSink,
     ) -> AgentExit:
-        """Run ``req``; ``on_pid`` gets the command's pid (inside the sandbox's pid
-        namespace) before it is allowed to start, so the caller can place it in a cgroup.
+        """Run ``req``. The command is placed in its own cgroups before it starts, in one of
+        two ways: ``cgroup_fds`` (open ``cgroup.procs`` files; the command joins them itself,
+        no extra round trip), or ``on_pid``, called with the command's pid inside the
+        sandbox's pid namespace while the command waits for the go-ahead.
 
         Raises:
             SandboxCrashedError: the agent is unreachable or the connection broke.
         """
-        reader, writer = await self._connect()
-        try:
+        if cgroup_fds:
+            reader, writer = await self._connect_with_fds(
+                p.encode_exec(req, cgroup_fds=True), cgroup_fds
+            )
+        else:
+            reader, writer = await self._connect()
             writer.write(p.encode_exec(req))
+        try:
+            if cgroup_fds:
+                await self._send_stdin(writer, req)
+                return await self._collect(reader, on_stdout, on_stderr)
             kind, payload = await _read_frame(reader)
             if kind == p.FAIL:
                 err = struct.unpack("<i", payload[1:5])[0]
@@ -99,34 +134,51 @@ class AgentClient:
                 )
             if kind != p.PID:
                 raise SandboxCrashedError(f"sandbox agent answered {kind!r} instead of a pid")
-            await on_pid(struct.unpack("<I", payload)[0])
-            out = [p.frame(p.GO)]
-            if req.stdin is not None:
-                data = req.stdin
-                for i in range(0, len(data), 1 << 16):
-                    out.append(p.frame(p.STDIN, data[i : i + (1 << 16)]))
-                out.append(p.frame(p.STDIN))
-            writer.write(b"".join(out))
-            fail_stage: str | None = None
-            fail_errno = 0
-            while True:
-                kind, payload = await _read_frame(reader)
-                if kind == p.STDOUT:
-                    on_stdout(payload)
-                elif kind == p.STDERR:
-                    on_stderr(payload)
-                elif kind == p.FAIL:
-                    fail_stage = p.FAIL_STAGES.get(payload[:1], "exec")
-                    fail_errno = struct.unpack("<i", payload[1:5])[0]
-                elif kind == p.EXIT:
-                    code = struct.unpack("<i", payload)[0]
-                    return AgentExit(code, fail_stage, fail_errno)
+            if on_pid is not None:
+                await on_pid(struct.unpack("<I", payload)[0])
+            writer.write(p.frame(p.GO))
+            await self._send_stdin(writer, req)
+            return await self._collect(reader, on_stdout, on_stderr)
         except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError):
             raise SandboxCrashedError(
                 "the sandbox agent connection broke (sandbox died?)"
             ) from None
         finally:
             writer.close()
+
+    @staticmethod
+    async def _send_stdin(writer: asyncio.StreamWriter, req: ExecRequest) -> None:
+        if req.stdin is None:
+            return
+        data = req.stdin
+        out = [p.frame(p.STDIN, data[i : i + (1 << 16)]) for i in range(0, len(data), 1 << 16)]
+        out.append(p.frame(p.STDIN))
+        writer.write(b"".join(out))
+
+    @staticmethod
+    async def _collect(
+        reader: asyncio.StreamReader, on_stdout: ByteSink, on_stderr: ByteSink
+    ) -> AgentExit:
+        fail_stage: str | None = None
+        fail_errno = 0
+        while True:
+            kind, payload = await _read_frame(reader)
+            if kind == p.STDOUT:
+                on_stdout(payload)
+            elif kind == p.STDERR:
+                on_stderr(payload)
+            elif kind == p.FAIL:
+                stage = p.FAIL_STAGES.get(payload[:1], "exec")
+                fail_errno = struct.unpack("<i", payload[1:5])[0]
+                if stage == "session":
+                    raise SandboxStateError(
+                        f"the sandbox cannot start a process: {os.strerror(fail_errno)}",
+                        hint="its pids or memory limit is exhausted",
+                    )
+                fail_stage = stage
+            elif kind == p.EXIT:
+                code = struct.unpack("<i", payload)[0]
+                return AgentExit(code, fail_stage, fail_errno)
 
 
 @contextlib.contextmanager

@@ -22,8 +22,9 @@ PONG = b"A"
 
 FLAG_STDIN = 1
 FLAG_USER = 2
+FLAG_CGFDS = 4
 
-FAIL_STAGES = {b"C": "chdir", b"U": "user", b"E": "exec", b"S": "session"}
+FAIL_STAGES = {b"C": "chdir", b"U": "user", b"E": "exec", b"S": "session", b"G": "cgroup"}
 
 
 @dataclass
@@ -58,8 +59,9 @@ def _cstr(text: str, what: str) -> bytes:
     return raw + b"\0"
 
 
-def encode_exec(req: ExecRequest) -> bytes:
-    """The ``E`` frame for ``req``.
+def encode_exec(req: ExecRequest, *, cgroup_fds: bool = False) -> bytes:
+    """The ``E`` frame for ``req`` (``cgroup_fds``: open ``cgroup.procs`` files travel with
+    it and the command joins those groups itself, no pid/go handshake).
 
     Raises:
         ValueError: an argument or variable contains a NUL byte, or argv is empty.
@@ -67,6 +69,8 @@ def encode_exec(req: ExecRequest) -> bytes:
     if not req.argv:
         raise ValueError("empty command")
     flags = (FLAG_STDIN if req.stdin is not None else 0) | (FLAG_USER if req.uid is not None else 0)
+    if cgroup_fds:
+        flags |= FLAG_CGFDS
     env_items = [f"{k}={v}" for k, v in req.env.items()]
     for k in req.env:
         if not k or "=" in k:

@@ -569,13 +569,16 @@ class NamespaceSandbox(SandboxHandle):
         oom_before = self._oom_kills()
         started = time.monotonic()
 
-        async def on_pid(nspid: int) -> None:
-            host_pid = self._host_pid(nspid)
-            xcg.add(host_pid)
-
+        # The command joins its own cgroups itself, through open cgroup.procs files passed
+        # with the request (no pid round trip; the fds are close-on-exec inside).
+        cg_fds = [
+            os.open(p / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for p in xcg.paths.values()
+        ]
         try:
             try:
-                run = self.client.exec(req, on_pid=on_pid, on_stdout=out.feed, on_stderr=err.feed)
+                run = self.client.exec(
+                    req, cgroup_fds=cg_fds, on_stdout=out.feed, on_stderr=err.feed
+                )
                 agent_exit = await (run if timeout is None else asyncio.wait_for(run, timeout))
             except TimeoutError:
                 await asyncio.to_thread(xcg.kill_all)
@@ -588,6 +591,8 @@ class NamespaceSandbox(SandboxHandle):
             except ValueError as exc:
                 raise InvalidInputError(f"bad command: {exc}") from None
         finally:
+            for fd in cg_fds:
+                os.close(fd)
             with contextlib.suppress(OSError):
                 # Survivors (background daemons) keep their group until destroy.
                 if not (xcg.paths["pids"] / "cgroup.procs").read_text().strip():
@@ -597,6 +602,11 @@ class NamespaceSandbox(SandboxHandle):
         if agent_exit.fail_stage == "chdir":
             raise InvalidInputError(
                 f"working directory {req.cwd!r} in the sandbox: {agent_exit.fail_message()}"
+            )
+        if agent_exit.fail_stage == "cgroup":
+            raise BackendError(
+                f"sandbox {self.id}: the command could not join its cgroup: "
+                f"{agent_exit.fail_message()}"
             )
         if agent_exit.fail_stage == "user":
             raise InvalidInputError(f"cannot switch to user {user!r}: {agent_exit.fail_message()}")
