@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -96,7 +97,7 @@ def raw_restore(snap: snaps.MemorySnapshot, home: Home, scratch: Path) -> float:
          str(snaps.snap_dir(home, snap.id) / "disk.qcow2"), "-F", "qcow2", str(disk)],
         check=True,
     )  # fmt: skip
-    qmp = scratch / "raw-qmp.sock"
+    qmp = scratch / "qmp.sock"
     from rollbox.backends.microvm.qemu import VMConfig
 
     cfg = VMConfig.from_json(vm)
@@ -111,7 +112,10 @@ def raw_restore(snap: snaps.MemorySnapshot, home: Home, scratch: Path) -> float:
         stderr=subprocess.DEVNULL,
     )
     try:
+        deadline = time.monotonic() + 120
         while not qmp.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("raw restore: QEMU did not start")
             time.sleep(0.002)
         with QMP(qmp) as mon:
             while mon.execute("query-status").get("status") == "inmigrate":
@@ -204,6 +208,7 @@ async def main_async(n: int) -> dict[str, Any]:
     await src.destroy()
     os.rmdir(scratch)
     be.cleanup_orphans()
+    shutil.rmtree(home.root, ignore_errors=True)
     return {
         "benchmark": "microvm",
         "host": platform.node(),

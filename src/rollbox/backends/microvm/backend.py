@@ -60,6 +60,7 @@ from rollbox.models import (
     BaselineInfo,
     Capabilities,
     ExecResult,
+    Limits,
     SandboxInfo,
     SandboxSpec,
     SnapshotSource,
@@ -114,6 +115,27 @@ def _xlist(info: SandboxInfo, key: str) -> list[str]:
 def _xint(info: SandboxInfo, key: str, default: int) -> int:
     value = info.extra.get(key)
     return value if isinstance(value, int) else default
+
+
+def _host_cgroup(home: Home, sandbox_id: str, spec: SandboxSpec, pid: int) -> None:
+    """Put the QEMU process in the sandbox's host cgroup ``rollbox-<tag>/<id>``: its CPU
+    quota is the sandbox's ``cpus`` (fractions hold for VMs too), and leak checks and
+    ``rollbox cleanup`` see the VM like any other sandbox's processes."""
+    from rollbox.backends.common.cgroups import Cgroup
+
+    lim = Limits(cpus=spec.limits.cpus, memory_mb=None, pids=None, disk_mb=None, nofile=None)
+    cg = Cgroup.create(home.tag, sandbox_id, lim)
+    cg.add(pid)
+
+
+def _drop_host_cgroup(home: Home, sandbox_id: str) -> bool:
+    from rollbox.backends.common.cgroups import Cgroup
+
+    cg = Cgroup.open(home.tag, sandbox_id)
+    if not cg.exists():
+        return False
+    cg.destroy()
+    return True
 
 
 def _configure_args(spec: SandboxSpec) -> dict[str, Any]:
@@ -717,7 +739,7 @@ class MicroVMBackend(Backend):
         mem = (spec.limits.memory_mb or 1024) + GUEST_OVERHEAD_MB
         accel = self.accelerator
         cpus = max(1, math.ceil(spec.limits.cpus or 1))
-        tpl_dir = self._template_dir(assets, baseline.digest, mem, cpus, disk_mb)
+        tpl_dir = self._template_dir(assets, baseline.digest, mem, cpus, disk_mb, str(self._initrd))
         if TEMPLATES and (tpl_dir / "meta.json").is_file():
             try:
                 rec = snaps.MemorySnapshot.model_validate_json((tpl_dir / "meta.json").read_text())
@@ -758,8 +780,9 @@ class MicroVMBackend(Backend):
         handle = MicroVMSandbox(self, info)
         try:
             await asyncio.to_thread(disk.create_overlay, Path(vm.disk), template, "raw")
-            info.extra["qemu_pid"] = await asyncio.to_thread(qemu.start, vm)
+            info.extra["qemu_pid"] = pid = await asyncio.to_thread(qemu.start, vm)
             write_state(self.home, info)
+            await asyncio.to_thread(_host_cgroup, self.home, sid, spec, pid)
             async with handle._session(timeout=BOOT_TIMEOUT_S) as ch:
                 if TEMPLATES and not (tpl_dir / "meta.json").exists():
                     await ch.call("quiesce", drop_caches=True)
@@ -779,7 +802,9 @@ class MicroVMBackend(Backend):
         return handle
 
     @staticmethod
-    def _template_dir(assets: Home, digest: str, mem: int, cpus: int, disk_mb: int) -> Path:
+    def _template_dir(
+        assets: Home, digest: str, mem: int, cpus: int, disk_mb: int, initrd: str
+    ) -> Path:
         """Where the boot snapshot for this device model and baseline lives."""
         import hashlib
         import json
@@ -787,7 +812,16 @@ class MicroVMBackend(Backend):
         from rollbox.backends.microvm.guest_agent import AGENT_VERSION
 
         key = json.dumps(
-            [digest, mem, cpus, disk_mb, qemu.host_tsc_khz(), AGENT_VERSION, qemu.BASE_APPEND],
+            [
+                digest,
+                mem,
+                cpus,
+                disk_mb,
+                qemu.host_tsc_khz(),
+                AGENT_VERSION,
+                qemu.BASE_APPEND,
+                initrd,
+            ],
             sort_keys=True,
         )
         return assets.vm / "boot" / hashlib.sha256(key.encode()).hexdigest()[:32]
@@ -906,6 +940,7 @@ class MicroVMBackend(Backend):
             os.close(r)
         info.extra["qemu_pid"] = pid
         write_state(self.home, info)
+        _host_cgroup(self.home, info.id, info.spec, pid)
         digest: list[str] = []
 
         def feed() -> None:
@@ -975,6 +1010,9 @@ class MicroVMBackend(Backend):
             if qemu.alive(pid_, name):
                 qemu.kill(pid_, name)
                 removed.append(f"process {pid_} ({name})")
+        with contextlib.suppress(BackendError, OSError):
+            if _drop_host_cgroup(self.home, sandbox_id):
+                removed.append(f"cgroup rollbox-{self.home.tag}/{sandbox_id}")
         rdir = qemu.run_dir(self.home.tag, sandbox_id)
         if rdir.exists():
             shutil.rmtree(rdir, ignore_errors=True)
@@ -1047,4 +1085,9 @@ class MicroVMBackend(Backend):
                     if not dry_run:
                         shutil.rmtree(entry, ignore_errors=True)
         out += self._drop_unused_snapshots(dry_run)
+        from rollbox.backends.common.cgroups import remove_orphan_cgroups
+
+        # keep every live sandbox's group, of any backend (they share the home's parent)
+        everyone = live | {i.id for i in list_states(self.home) if i.backend != self.name}
+        out += remove_orphan_cgroups(self.home.tag, everyone, dry_run)
         return out

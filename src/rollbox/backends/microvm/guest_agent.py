@@ -75,7 +75,7 @@ class Parser:
                 del self.buf[: (i if i >= 0 else len(self.buf) - 1)]
                 continue
             _, kind, stream, length = HEADER.unpack_from(self.buf)
-            if length > MAX_FRAME:
+            if length > MAX_FRAME or not T_JSON <= kind <= T_EOF:  # not a real header
                 del self.buf[:2]
                 continue
             if len(self.buf) < HEADER.size + length:
