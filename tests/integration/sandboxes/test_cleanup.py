@@ -122,3 +122,17 @@ def test_ttl_destroys_after_creator_exit(sbx_home: Home, dev_baseline: BaselineI
         time.sleep(0.2)
     assert list_states(sbx_home) == []
     assert scoped_diff(before, HostState.capture(sbx_home.sandboxes), sbx_home) == {}
+
+
+def test_stray_dir_without_state_is_removed(sbx_home: Home) -> None:
+    stray = sbx_home.sandboxes / "sbx-01stray0000000000000000000"
+    (stray / "run").mkdir(parents=True)
+    fresh = sbx_home.sandboxes / "sbx-01fresh0000000000000000000"
+    fresh.mkdir()
+    old = time.time() - 3600
+    os.utime(stray, (old, old))
+    res = _cleanup_cli()
+    assert res.returncode == 0, res.stderr
+    assert f"removed dir {stray}" in res.stdout
+    assert not stray.exists()
+    assert fresh.exists()  # could be a sandbox being created right now

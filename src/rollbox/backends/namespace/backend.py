@@ -363,7 +363,32 @@ class NamespaceBackend(Backend):
         if netmod is not None:
             lines += netmod.remove_orphan_networks(self.home.tag, live, dry_run)
         lines += remove_orphan_mounts(self.home, live, dry_run)
+        lines += self._remove_stray_dirs(dry_run)
         return lines
+
+    def _remove_stray_dirs(self, dry_run: bool) -> list[str]:
+        """Sandbox directories without a readable state.json (a creator killed between
+        ``mkdir`` and the first state write), older than a minute."""
+        out = []
+        try:
+            entries = list(os.scandir(self.home.sandboxes))
+        except FileNotFoundError:
+            return []
+        for entry in entries:
+            if not entry.name.startswith("sbx-") or not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                read_state(self.home, entry.name)
+                continue
+            except SandboxNotFoundError:
+                pass
+            if time.time() - entry.stat(follow_symlinks=False).st_mtime < 60:
+                continue
+            if not dry_run:
+                with contextlib.suppress(OSError, RollboxError):
+                    remove_sandbox_dir(Path(entry.path))
+            out.append(f"dir {entry.path}")
+        return out
 
     def _dead_reason(self, info: SandboxInfo) -> str | None:
         if info.state == "destroyed":
