@@ -2,12 +2,13 @@
 
 A sandbox is::
 
-    rollbox-agent launch  (host, exits at once; its child joins the cgroups, setsid)
-      └─ bwrap            (host pid ns, inside the sandbox's cgroups)
+    rollbox-agent launch  (host, exits at once)
+      └─ rollbox-agent launch  (subreaper outside the cgroups, only reaps bwrap)
+           └─ bwrap            (host pid ns; joined the sandbox's cgroups before exec)
            └─ rollbox-agent serve   (PID 1 of new pid/mount/net/ipc/uts/cgroup namespaces,
                                      seccomp filter, docker-like capability set)
-                └─ one session process per exec ─ the command (own per-exec freezer/pids
-                                                   cgroup, moved there before it starts)
+                └─ one session process per exec ─ the command (joins its own per-exec
+                                   freezer/pids cgroup through fds the host passed)
 
 The root is an overlay of the baseline's layers with an upper dir on a tmpfs of
 ``disk_mb`` (:mod:`rollbox.backends.common.rootfs`). The agent's listening socket is made
@@ -659,23 +660,6 @@ class NamespaceSandbox(SandboxHandle):
             if line.startswith("oom_kill "):
                 return int(line.split()[1])
         return 0
-
-    def _host_pid(self, nspid: int) -> int:
-        """The host pid of ``nspid`` (a pid in the sandbox's pid namespace), found among
-        the processes of the sandbox's own top-level cgroup."""
-        procs = (self.cgroup.paths["pids"] / "cgroup.procs").read_text().split()
-        for pid in procs:
-            try:
-                with open(f"/proc/{pid}/status") as f:
-                    for line in f:
-                        if line.startswith("NSpid:"):
-                            ids = line.split()[1:]
-                            if len(ids) > 1 and int(ids[-1]) == nspid:
-                                return int(pid)
-                            break
-            except FileNotFoundError:
-                continue
-        raise SandboxCrashedError(f"sandbox {self.id}: the new command's process vanished")
 
     # ------------------------------------------------------------------ files
 
