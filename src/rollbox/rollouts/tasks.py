@@ -195,6 +195,14 @@ def task_digest(path: Path) -> str:
         h.update(rel.encode("utf-8", "surrogateescape") + b"\0")
         h.update(f"{stat.S_IFMT(st.st_mode):o}:{stat.S_IMODE(st.st_mode):o}\0".encode())
         if full.is_symlink():
+            # A link out of the task would pull host files into the sandbox (instruction,
+            # tests, solution are copied in): refused.
+            target = (full.parent / os.readlink(full)).resolve()
+            root = path.resolve()
+            if target != root and root not in target.parents:
+                raise TaskError(
+                    f"task {path.name}: {rel} is a symlink pointing outside the task directory"
+                )
             h.update(os.readlink(full).encode("utf-8", "surrogateescape"))
         elif full.is_file():
             total += st.st_size

@@ -155,3 +155,14 @@ def test_dockerfile_found(tmp_path: Path) -> None:
     (d / "environment").mkdir()
     (d / "environment" / "Dockerfile").write_text("FROM debian:bookworm\n")
     assert load_task(d).dockerfile == d / "environment" / "Dockerfile"
+
+
+def test_symlinks_out_of_the_task_are_refused(tmp_path: Path) -> None:
+    d = make_task(tmp_path / "leak", "")
+    (d / "instruction.md").unlink()
+    (d / "instruction.md").symlink_to("/etc/passwd")
+    with pytest.raises(TaskError, match="outside the task directory"):
+        load_task(d)
+    inside = make_task(tmp_path / "ok", "")
+    (inside / "tests" / "alias.sh").symlink_to("test.sh")
+    assert load_task(inside).digest.startswith("sha256:")
