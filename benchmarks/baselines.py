@@ -8,11 +8,13 @@
   context file each run so nothing is cached, vs raw ``buildah bud --isolation chroot
   --pull=never --layers=false`` of the same Dockerfile on the same base image;
 * cached build — the same input again (library and CLI) vs raw ``buildah bud --layers``
-  re-run on an unchanged input (buildah's own layer cache).
+  re-run on an unchanged input (buildah's own layer cache);
+* snapshot — ``commit_snapshot`` of a small overlay upper dir (20 files, a whiteout, an
+  opaque dir) onto a 274 MB baseline vs raw ``tar --sort=name -cf`` of the same dir.
 
 Runs alternate rollbox/raw so both see the same machine load.
-Usage: ``python benchmarks/baselines.py [-n N] [--cold-n N]`` (root);
-writes benchmarks/results/baselines.json.
+Usage: ``python benchmarks/baselines.py [-n N] [--cold-n N] [--only snapshot]`` (root);
+writes (``--only``: updates) benchmarks/results/baselines.json.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 import os
 import platform
 import shutil
+import stat
 import statistics
 import subprocess
 import sys
@@ -35,9 +38,10 @@ from rollbox.baselines.builders.buildah import BASE_REPO, build
 from rollbox.baselines.refs import hex_of
 from rollbox.baselines.store import BaselineStore
 from rollbox.config import Home
-from rollbox.models import RecipeSource
+from rollbox.models import BaselineInfo, RecipeSource, SnapshotSource
 
 RESULTS = Path(__file__).with_name("results") / "baselines.json"
+DEV_ROOTFS = "/var/tmp/rollbox-dev/rootfs.tar"  # any rootfs tar; copied, never written
 DOCKERFILE = """\
 FROM debian:bookworm
 ENV APP=/opt/app
@@ -94,9 +98,21 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=10, help="runs of the cheap cases")
     ap.add_argument("--cold-n", type=int, default=1, help="runs of cold bootstrap (~25 s each)")
     ap.add_argument("--build-n", type=int, default=5, help="runs of cold builds")
+    ap.add_argument("--only", choices=["snapshot"], help="run one case, update the JSON")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="rbx-bench-baselines-", dir="/var/tmp"))
     results: dict[str, object] = {}
+    if args.only == "snapshot":
+        try:
+            results = json.loads(RESULTS.read_text())["results"]
+        except (OSError, ValueError, KeyError):
+            results = {}
+        try:
+            results["snapshot"] = bench_snapshot(work, max(args.n, 20))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        write(results)
+        return
     try:
         # ---------------------------------------------------------------- bootstrap
         ours, raw = [], []
@@ -179,8 +195,40 @@ def main() -> None:
         run(["buildah", "rmi", "--force", "localhost/rollbox-bench-raw:1"])
         for image in dangling() - dangling_before:  # only the raw --layers cache we made
             subprocess.run(["buildah", "rmi", image], capture_output=True, check=False)
+        results["snapshot"] = bench_snapshot(work, max(args.n, 20), store, info)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    write(results)
+
+
+def bench_snapshot(
+    work: Path, n: int, store: BaselineStore | None = None, base: BaselineInfo | None = None
+) -> dict[str, object]:
+    """``commit_snapshot`` of a small upper dir vs raw ``tar -cf`` of it."""
+    if store is None or base is None:
+        store = BaselineStore(Home(work / "snap-home").ensure())
+        base = store.import_rootfs(Path(DEV_ROOTFS))
+    upper = work / "upper"
+    (upper / "etc").mkdir(parents=True)
+    (upper / "work").mkdir()
+    for i in range(20):
+        (upper / "work" / f"f{i}.txt").write_text(f"file {i}\n" * 50)
+    os.mknod(upper / "etc" / "hostname", stat.S_IFCHR | 0o600, os.makedev(0, 0))
+    (upper / "usr").mkdir()
+    os.setxattr(upper / "usr", "trusted.overlay.opaque", b"y")
+    ours, raw = [], []
+    for i in range(n):
+        (upper / "nonce").write_text(f"{i} {time.time()}")  # a new layer every time
+        src = SnapshotSource(sandbox_id=f"sbx-bench{i}", backend="namespace")
+        ours.append(timed(lambda s=src: store.commit_snapshot(base.digest, upper, s)))
+        out = work / "raw-snap.tar"
+        raw.append(
+            timed(lambda o=out: run(["tar", "--sort=name", "-cf", str(o), "-C", str(upper), "."]))
+        )
+    return pair("snapshot", ours, raw, "tar --sort=name -cf OUT -C UPPER .")
+
+
+def write(results: dict[str, object]) -> None:
     doc = {
         "benchmark": "baselines",
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
