@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,7 +81,8 @@ def test_sigkill_mid_build_leaves_nothing_partial(
 ) -> None:
     ctx = tmp_path / "ctx"
     ctx.mkdir()
-    (ctx / "Dockerfile").write_text(f"FROM {TINY_NAME}\nRUN echo x > /x && sleep 60\n")
+    marker = f"rbx-sigkill-{store.home.tag}"
+    (ctx / "Dockerfile").write_text(f"FROM {TINY_NAME}\nRUN echo x > /x && sleep 60 # {marker}\n")
     layers_before = sorted(p.name for p in store.home.layers.iterdir())
     proc = _spawn(_BUILD, str(store.home.root), str(ctx))
     deadline = time.monotonic() + 60
@@ -126,6 +129,11 @@ def test_sigkill_mid_build_leaves_nothing_partial(
     for line in ctrs:
         if line.split()[-1] == base_image:
             subprocess.run(["buildah", "rm", line.split()[0]], capture_output=True, check=False)
+    # ... nor its RUN step's scratch dir (/var/tmp/buildahNNN): remove the one of this test
+    for scratch in Path("/var/tmp").glob("buildah*"):
+        with contextlib.suppress(OSError):
+            if marker in (scratch / "config.json").read_text():
+                shutil.rmtree(scratch)
 
 
 def _group_alive(pgid: int) -> bool:
