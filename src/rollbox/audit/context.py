@@ -34,6 +34,13 @@ MARK = "RBX-AUDIT "
 """Prefix of the one JSON line a probe program prints."""
 
 
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
 class ProbeError(Exception):
     """A probe could not run (its result would prove nothing)."""
 
@@ -196,15 +203,21 @@ class AuditContext:
         return bool(self.kernel.get("shared", True))
 
     async def detect_kernel(self) -> None:
-        """Compare the kernel boot id inside sandbox A with the host's."""
+        """Compare the kernel inside sandbox A with the host's: boot id and ``/proc/version``
+        (gVisor reports its own version; a VM has its own boot id)."""
         a, _ = await self.shared()
-        host = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        res = await a.exec(["cat", "/proc/sys/kernel/random/boot_id"])
-        inside = res.stdout.strip()
+        files = ["/proc/sys/kernel/random/boot_id", "/proc/version"]
+        host = {f: _read_text(Path(f)) for f in files}
+        res = await a.exec(
+            ["sh", "-c", 'for f in $0 $1; do echo "$(cat $f 2>/dev/null)"; done', *files]
+        )
+        inside = dict(zip(files, [*res.stdout.splitlines(), "", ""][:2], strict=True))
+        same = [f for f in files if inside[f].strip() and inside[f].strip() == host[f].strip()]
         self.kernel = {
-            "host_boot_id": host,
-            "sandbox_boot_id": inside,
-            "shared": inside == host or not inside,
+            "host": host,
+            "sandbox": inside,
+            # strict: when the sandbox shows nothing to compare, assume the host's kernel
+            "shared": len(same) == len(files) or not any(v.strip() for v in inside.values()),
         }
 
     # ------------------------------------------------------------------ sandboxes

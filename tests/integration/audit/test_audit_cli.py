@@ -137,7 +137,8 @@ def test_audit_microvm_kernel_surface(shared_home: Home) -> None:
     r = _run(shared_home, "audit", "--backend", "microvm", *args, "--json", timeout=1200)
     doc = json.loads(r.stdout)
     assert doc["kernel"]["shared"] is False
-    assert doc["kernel"]["sandbox_boot_id"] != doc["kernel"]["host_boot_id"]
+    boot_id = "/proc/sys/kernel/random/boot_id"
+    assert doc["kernel"]["sandbox"][boot_id] != doc["kernel"]["host"][boot_id]
     assert [p["name"] for p in doc["probes"]] == [n for n in probe_names() if n in probes]
     bad = {p["name"]: p["summary"] for p in doc["probes"] if p["status"] != "pass"}
     assert not bad, bad
