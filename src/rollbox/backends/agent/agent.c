@@ -7,8 +7,8 @@
  *       fork (the parent exits at once), setsid, fork again (the middle process only
  *       waits to reap bwrap), write our pid into each cgroup.procs file, enter the network namespace NETNS if given, then exec PROG (used on the
  *       host so bwrap and everything below it start inside the sandbox's cgroups).
- *   rollbox-agent serve FD
- *       PID 1 of the sandbox: accept connections on the listening unix socket FD; every
+ *   rollbox-agent serve FD [READYFD]
+ *       PID 1 of the sandbox (writes one byte to READYFD once running): accept connections on the listening unix socket FD; every
  *       connection is one exec handled by a forked session process. Reaps orphans.
  *
  * Wire format (both directions): u8 type, u32 little-endian length, payload.
@@ -459,7 +459,15 @@ static int launch(char *procs, const char *netns, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    if (argc >= 3 && strcmp(argv[1], "serve") == 0) return serve(atoi(argv[2]));
+    if (argc >= 3 && strcmp(argv[1], "serve") == 0) {
+        if (argc >= 4) {
+            /* Tell the host we are up (cheaper than a ping connection), then let go. */
+            int rfd = atoi(argv[3]);
+            (void)!write(rfd, "r", 1);
+            close(rfd);
+        }
+        return serve(atoi(argv[2]));
+    }
     if (argc >= 6 && strcmp(argv[1], "launch") == 0 && strcmp(argv[4], "--") == 0)
         return launch(argv[2], argv[3], argv + 5);
     fprintf(stderr, "usage: rollbox-agent serve FD | launch PROCS NETNS|- -- PROG ARGS...\n");

@@ -200,6 +200,7 @@ class NamespaceBackend(Backend):
         (sdir / "run").mkdir(mode=0o700)
         write_state(self.home, info)
         lsock: socket.socket | None = None
+        ready_r = -1
         try:
             layers = BaselineStore(self.home).layer_dirs(baseline.digest)
             Rootfs.mount(sdir, layers, spec.limits.disk_mb, upper_from=upper_from)
@@ -216,7 +217,11 @@ class NamespaceBackend(Backend):
                 lsock.bind(bind_path)
             lsock.listen(64)
             if type(self)._launch is NamespaceBackend._launch:
-                launcher = self._spawn(sdir, spec, cg, netns, lsock.fileno())
+                ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+                try:
+                    launcher = self._spawn(sdir, spec, cg, netns, lsock.fileno(), ready_w)
+                finally:
+                    os.close(ready_w)
             else:  # a subclass starts its sandboxes its own way
                 self._launch(sdir, spec, cg, netns, lsock.fileno())
                 launcher = None
@@ -228,7 +233,13 @@ class NamespaceBackend(Backend):
             # The launcher exits right after forking; reap it while bwrap starts up.
             if launcher is not None and launcher.wait() != 0:
                 raise BackendError(f"launching the sandbox failed (exit {launcher.returncode})")
-            if not _ping_sync(sock_path):
+            if ready_r >= 0:
+                started = _wait_ready(ready_r)
+                os.close(ready_r)
+                ready_r = -1
+            else:
+                started = _ping_sync(sock_path)
+            if not started:
                 log = (sdir / "sandbox.log").read_text(errors="replace").strip()[-500:]
                 raise BackendError(f"sandbox {sid} did not start: {log or 'no output'}")
             if info.expires_at is not None:
@@ -239,6 +250,8 @@ class NamespaceBackend(Backend):
         except BaseException:
             if lsock is not None:
                 lsock.close()
+            if ready_r >= 0:
+                os.close(ready_r)
             self._teardown(info)
             raise
 
@@ -257,7 +270,13 @@ class NamespaceBackend(Backend):
             raise BackendError(f"launching the sandbox failed (exit {proc.returncode})")
 
     def _spawn(
-        self, sdir: Path, spec: SandboxSpec, cg: Cgroup, netns: str, lfd: int
+        self,
+        sdir: Path,
+        spec: SandboxSpec,
+        cg: Cgroup,
+        netns: str,
+        lfd: int,
+        ready_fd: int | None = None,
     ) -> subprocess.Popen[bytes]:
         """Spawn ``rollbox-agent launch … bwrap …``; the caller reaps the launcher."""
         assert self._agent is not None and self._seccomp is not None and self._bwrap is not None
@@ -275,6 +294,10 @@ class NamespaceBackend(Backend):
         for cap in CAPS:
             argv += ["--cap-add", cap]
         argv += ["--seccomp", str(seccomp_fd), AGENT_IN_SANDBOX, "serve", str(lfd)]
+        fds = [lfd, seccomp_fd]
+        if ready_fd is not None:
+            argv.append(str(ready_fd))
+            fds.append(ready_fd)
         try:
             with open(sdir / "sandbox.log", "wb") as log:
                 proc = subprocess.Popen(
@@ -282,7 +305,7 @@ class NamespaceBackend(Backend):
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=log,
-                    pass_fds=(lfd, seccomp_fd),
+                    pass_fds=fds,
                     env={"PATH": DEFAULT_PATH},
                 )
         finally:
@@ -427,6 +450,15 @@ def _make_box(cg: Cgroup, pids: int | None) -> None:
     if pids is not None:
         (cg.paths["pids"] / "pids.max").write_text(str(pids + PIDS_RESERVE))
         (cg.paths["pids"] / BOX / "pids.max").write_text(str(pids))
+
+
+def _wait_ready(fd: int, timeout: float = 10.0) -> bool:
+    """True when the agent wrote its ready byte on ``fd`` within ``timeout``; False on EOF
+    (everything holding the write end died) or timeout."""
+    import select
+
+    ready, _, _ = select.select([fd], [], [], timeout)
+    return bool(ready) and os.read(fd, 1) == b"r"
 
 
 def _ping_sync(path: Path, timeout: float = 10.0) -> bool:
