@@ -109,6 +109,7 @@ async def main() -> None:
     out: dict[str, object] = {
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
         "backend": be.version(),
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
     }
 
     # warm caches (agent build, seccomp, page cache)
@@ -169,6 +170,7 @@ async def main() -> None:
     out["fork8"] = fork_res
 
     out["idle"] = await idle(be, spec, dev, args.idle)
+    out["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))
