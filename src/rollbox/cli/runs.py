@@ -10,6 +10,7 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
@@ -20,11 +21,10 @@ from rollbox.cli.output import JSON_OPTION, console, emit
 from rollbox.config import Home
 from rollbox.errors import InvalidInputError
 from rollbox.models import RolloutRecord, RunRecord, RunStatus
-from rollbox.rollouts.report import render, summarize
-from rollbox.store.blobs import BlobStore
-from rollbox.store.export import export_run
-from rollbox.store.metadata import MetaStore
-from rollbox.store.verify import verify_run
+
+if TYPE_CHECKING:  # SQLAlchemy costs ~0.3 s to import: only commands that use the store pay it
+    from rollbox.store.blobs import BlobStore
+    from rollbox.store.metadata import MetaStore
 
 DB_OPTION = typer.Option(
     None,
@@ -38,6 +38,9 @@ rollout_app = typer.Typer(help="Inspect single rollouts.", no_args_is_help=True)
 
 
 def _open(db: str | None) -> tuple[MetaStore, BlobStore]:
+    from rollbox.store.blobs import BlobStore
+    from rollbox.store.metadata import MetaStore
+
     home = Home.from_env()
     return MetaStore(db, home=home), BlobStore(home)
 
@@ -193,6 +196,8 @@ def report_cmd(
         status = effective_status(rec)
         if status != rec.status:
             rec = rec.model_copy(update={"status": status})
+        from rollbox.rollouts.report import render, summarize
+
         summary = summarize(rec, meta.rollouts_of(rec.id))
     emit(summary, json_, lambda: console.print(render(summary)))
 
@@ -211,6 +216,8 @@ def export_cmd(
     with meta:
         rec = meta.resolve_run(run)
         if output == "-":
+            from rollbox.store.export import export_run
+
             n = export_run(meta, blobs, rec.id, sys.stdout, include_blobs)
             return
         dest = Path(output)
@@ -224,6 +231,8 @@ def export_cmd(
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
+                from rollbox.store.export import export_run
+
                 n = export_run(meta, blobs, rec.id, f, include_blobs)
             os.replace(tmp, dest)
         except BaseException:
@@ -246,6 +255,8 @@ def verify_cmd(
     meta, blobs = _open(db)
     with meta:
         rec = meta.resolve_run(run)
+        from rollbox.store.verify import verify_run
+
         report = verify_run(meta, blobs, rec.id)
 
     def human() -> None:
