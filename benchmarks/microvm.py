@@ -206,7 +206,7 @@ async def main_async(n: int) -> dict[str, Any]:
             await m.destroy()
     mem.append(overhead_mib(src.pid or 0, src.vm.memory_mb))
     await src.destroy()
-    os.rmdir(scratch)
+    shutil.rmtree(scratch, ignore_errors=True)
     be.cleanup_orphans()
     shutil.rmtree(home.root, ignore_errors=True)
     return {

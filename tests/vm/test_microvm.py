@@ -216,3 +216,14 @@ def test_no_leftovers_after_destroy(world: World) -> None:
         assert ephemeral == []
 
     run(go())
+
+
+def test_remove_snapshot_refused_while_in_use(world: World) -> None:
+    from rollbox.errors import InUseError
+
+    with pytest.raises(InUseError, match=world.source.id):
+        world.backend.remove_snapshot(world.snap.id)
+    spare = _copy_snapshot(world)
+    world.backend.remove_snapshot(spare.name)
+    assert not spare.exists()
+    assert spare.name not in [s.id for s in world.backend.list_snapshots()]

@@ -1026,6 +1026,33 @@ class MicroVMBackend(Backend):
             removed += self._drop_unused_snapshots()
         return removed
 
+    def list_snapshots(self) -> list[snaps.MemorySnapshot]:
+        """The memory snapshots of this home."""
+        return snaps.all_snapshots(self.home)
+
+    def remove_snapshot(self, snap_id: str) -> None:
+        """Delete a memory snapshot.
+
+        Raises:
+            SnapshotNotFoundError: no such snapshot.
+            InUseError: a live sandbox or another snapshot is stacked on its disk.
+        """
+        from rollbox.errors import InUseError
+
+        snaps.load(self.home, snap_id)
+        users = [
+            i.id
+            for i in list_states(self.home, self.name)
+            if snap_id in _xlist(i, "snapshot_chain")
+        ]
+        users += [r.id for r in snaps.all_snapshots(self.home) if snap_id in r.chain]
+        if users:
+            raise InUseError(
+                f"memory snapshot {snap_id} is in use by {', '.join(users)}",
+                hint="destroy those first",
+            )
+        snaps.remove(self.home, snap_id)
+
     def _drop_unused_snapshots(self, dry_run: bool = False) -> list[str]:
         """Ephemeral (fork) snapshots that no sandbox and no other snapshot uses."""
         used: set[str] = set()

@@ -31,7 +31,10 @@ TCG_APPEND = "tsc=reliable lapic_timer_period=4000000 no_timer_check"
 BASE_APPEND = (
     "console=ttyS0 panic=-1 reboot=t quiet loglevel=1 cryptomgr.notests "
     "i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd random.trust_cpu=on "
-    "audit=0 apparmor=0 selinux=0 ima_appraise=off"
+    "audit=0 apparmor=0 selinux=0 ima_appraise=off "
+    # freed pages are zeroed, so a memory snapshot (zero pages cost nothing) holds only
+    # live data: ~30% smaller files and faster restores
+    "init_on_free=1"
 )
 
 
