@@ -98,6 +98,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=40, help="samples per timing")
     ap.add_argument("--idle", type=int, default=200, help="idle sandboxes at once")
+    ap.add_argument("--fork-n", type=int, default=10, help="fork(8) samples per baseline")
     args = ap.parse_args()
     home = Home(Path(os.environ.get("ROLLBOX_HOME", "/var/tmp/rbx-bench-sandboxes"))).ensure()
     store = BaselineStore(home)
@@ -153,17 +154,19 @@ async def main() -> None:
     small = baseline(store, "bench/small-10mb", small_rootfs)
     big = baseline(store, "bench/big-1gb", big_rootfs)
     fork_res: dict[str, object] = {}
-    for label, base in (("small_10mb", small), ("big_1gb", big)):
-        times = []
-        for _ in range(5):
+    fork_times: dict[str, list[float]] = {"small_10mb": [], "big_1gb": []}
+    # Alternate the two baselines so both see the same machine load.
+    for _ in range(args.fork_n):
+        for label, base in (("small_10mb", small), ("big_1gb", big)):
             parent = await be.create(SandboxSpec(baseline=base.digest), base)
             await parent.exec(["sh", "-c", "echo state > /root/f"])
             t = time.perf_counter()
             kids = await parent.fork(8)
-            times.append(time.perf_counter() - t)
+            fork_times[label].append(time.perf_counter() - t)
             for k in (*kids, parent):
                 await k.destroy()
-        fork_res[label] = {"baseline_bytes": base.size, **stats(times)}
+    for label, base in (("small_10mb", small), ("big_1gb", big)):
+        fork_res[label] = {"baseline_bytes": base.size, **stats(fork_times[label])}
     fs, fb = fork_res["small_10mb"], fork_res["big_1gb"]
     assert isinstance(fs, dict) and isinstance(fb, dict)
     fork_res["ratio_p50_big_over_small"] = round(fb["p50_ms"] / fs["p50_ms"], 2)
@@ -176,11 +179,21 @@ async def main() -> None:
     print(json.dumps(out, indent=2))
 
 
-def _mem_available() -> int:
+def _meminfo(*keys: str) -> int:
+    """Sum of the given /proc/meminfo fields, in bytes."""
+    total = 0
     for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
+        name, _, rest = line.partition(":")
+        if name in keys:
+            total += int(rest.split()[0]) * 1024
+    return total
+
+
+def _mem_available() -> int:
+    return _meminfo("MemAvailable")
+
+
+KERNEL_FIELDS = ("Slab", "KernelStack", "PageTables", "Percpu")
 
 
 def _pss(pid: int) -> int:
@@ -195,6 +208,7 @@ def _pss(pid: int) -> int:
 
 async def idle(be: NamespaceBackend, spec: SandboxSpec, dev: BaselineInfo, n: int) -> object:
     avail0 = _mem_available()
+    kern0 = _meminfo(*KERNEL_FIELDS)
     made: list[SandboxHandle] = []
     t = time.perf_counter()
     try:
@@ -215,6 +229,7 @@ async def idle(be: NamespaceBackend, spec: SandboxSpec, dev: BaselineInfo, n: in
                 nprocs += 1
             cg_usage += h.cgroup.memory_usage()
         avail1 = _mem_available()
+        kern1 = _meminfo(*KERNEL_FIELDS)
     finally:
         t2 = time.perf_counter()
         for h in made:
@@ -230,9 +245,11 @@ async def idle(be: NamespaceBackend, spec: SandboxSpec, dev: BaselineInfo, n: in
         "pss_per_sandbox_mib": round(pss / n / mib, 3),
         "memcg_usage_per_sandbox_mib": round(cg_usage / n / mib, 3),
         "memavailable_drop_per_sandbox_mib": round((avail0 - avail1) / n / mib, 3),
+        "kernel_growth_per_sandbox_mib": round((kern1 - kern0) / n / mib, 3),
         "method": "PSS (smaps_rollup) of every process in the sandboxes' cgroups; "
         "memory cgroup usage_in_bytes (processes + tmpfs + kernel memory charged); "
-        "host MemAvailable before/after (noisy: other load on the machine)",
+        "growth of Slab+KernelStack+PageTables+Percpu (namespaces, mounts, sockets: "
+        "host-wide, so other load adds noise); host MemAvailable before/after (noisiest)",
     }
 
 
