@@ -479,6 +479,13 @@ async def pause_resume(t: Harness) -> None:
         raise AssertionError("exec on a paused sandbox did not fail")
     await h.resume()
     check((await h.exec(["true"])).exit_code == 0, "exec after resume failed")
+    await sh(h, "sleep 300 >/dev/null 2>&1 &")
+    await h.pause()
+    before = HostState.capture(t.home.sandboxes)
+    await h.destroy()  # a paused sandbox must be destroyable (frozen tasks die too)
+    t.made.remove(h)
+    after = HostState.capture(t.home.sandboxes)
+    check(len(after.sandbox_dirs) < len(before.sandbox_dirs), "paused sandbox not removed")
 
 
 async def snapshot_and_fork(t: Harness) -> None:

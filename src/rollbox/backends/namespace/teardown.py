@@ -44,6 +44,13 @@ def kill_sandbox(cg: Cgroup) -> bool:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    # A paused sandbox's tasks cannot die while frozen: thaw (the kill is already pending).
+    state = cg.paths["freezer"] / "freezer.state"
+    try:
+        if state.read_text().strip() != "THAWED":
+            state.write_text("THAWED")
+    except FileNotFoundError:
+        pass
     deadline = time.monotonic() + KILL_WAIT_S
     delay = 0.0002
     while True:
