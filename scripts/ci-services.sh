@@ -7,7 +7,7 @@ ver=$(ls /usr/lib/postgresql 2>/dev/null | sort -V | tail -1)
 if ! pg_lsclusters -h 2>/dev/null | grep -q "^$ver main"; then
   pg_createcluster "$ver" main >/dev/null
 fi
-pg_ctlcluster "$ver" main start 2>/dev/null || true
+pg_ctlcluster "$ver" main start >/dev/null 2>&1 || true
 for _ in $(seq 1 50); do
   pg_isready -q -h 127.0.0.1 && break
   sleep 0.2
