@@ -39,7 +39,14 @@ from rollbox.backends.microvm.backend import assets_home
 from rollbox.backends.microvm.disk import ensure_base_image
 from rollbox.backends.microvm.initramfs import _build, ensure_initramfs
 from rollbox.backends.microvm.kernel import ensure_kernel
-from rollbox.backends.microvm.qemu import BASE_APPEND, QEMU, QMP, TCG_APPEND, host_tsc_khz
+from rollbox.backends.microvm.qemu import (
+    BASE_APPEND,
+    QEMU,
+    QMP,
+    TB_MB,
+    TCG_APPEND,
+    host_tsc_khz,
+)
 from rollbox.baselines.store import BaselineStore
 from rollbox.config import Home
 from rollbox.models import Limits, SandboxSpec
@@ -129,8 +136,9 @@ def raw_restore(snap: snaps.MemorySnapshot, home: Home, scratch: Path) -> float:
             p.unlink(missing_ok=True)
 
 
-def overhead_mib(pid: int, guest_mb: int) -> float:
-    """RSS of QEMU minus the resident part of its guest-RAM mapping, in MiB."""
+def overhead_mib(pid: int, guest_mb: int, field: str = "Rss") -> float:
+    """QEMU's RSS (or PSS: shared libraries split among the VMs) minus the resident part of
+    its guest-RAM mapping, in MiB."""
     total = guest = 0
     size = 0
     with open(f"/proc/{pid}/smaps") as f:
@@ -141,7 +149,7 @@ def overhead_mib(pid: int, guest_mb: int) -> float:
             key, _, val = line.partition(":")
             if key == "Size":
                 size = int(val.split()[0])
-            elif key == "Rss":
+            elif key == field:
                 kb = int(val.split()[0])
                 total += kb
                 if size >= guest_mb * 1024:
@@ -164,7 +172,7 @@ async def main_async(n: int) -> dict[str, Any]:
     raw_initrd.write_bytes(_build(kernel, RAW_INIT))
     ensure_initramfs(assets, kernel)
     spec = SandboxSpec(baseline=base.digest, backend="microvm", limits=Limits(memory_mb=96))
-    cold, warm, raw, restore, naive, forks, mem = [], [], [], [], [], [], []
+    cold, warm, raw, restore, naive, forks, mem, pss = [], [], [], [], [], [], [], []
 
     # create -> first exec, alternating with raw boots: cold boots, then boot-snapshot
     # creates (the first of which saves the boot snapshot and is not counted)
@@ -202,6 +210,7 @@ async def main_async(n: int) -> dict[str, Any]:
         await asyncio.sleep(1.0)  # let the guests settle to idle
         guest_mb = made[0].vm.memory_mb
         mem += [overhead_mib(m.pid or 0, guest_mb) for m in made]
+        pss += [overhead_mib(m.pid or 0, guest_mb, "Pss") for m in made]
         for m in made:
             await m.destroy()
     mem.append(overhead_mib(src.pid or 0, src.vm.memory_mb))
@@ -228,6 +237,8 @@ async def main_async(n: int) -> dict[str, Any]:
         "naive_raw_restore_to_running_s": stats(naive),
         "fork4_total_s": stats(forks),
         "host_memory_beyond_guest_ram_mib": stats(mem),
+        "host_memory_beyond_guest_ram_pss_mib": stats(pss),
+        "tcg_tb_size_mib": TB_MB,
         "targets": {
             "cold_p50_s": 1.5,
             "restore_p50_s": 0.4,
