@@ -24,6 +24,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -84,6 +85,12 @@ CAPS = [
 ]
 
 
+_PREPARED: dict[Path, tuple[Path, Path]] = {}
+"""Per home: (agent binary, seccomp filter file), built once per process."""
+_VERSIONS: dict[str, str] = {}
+"""Per backend class: its tool's version string, asked once per process."""
+
+
 def _network_module() -> Any:
     """B2's allow-list networking, or ``None`` when it is not available."""
     try:
@@ -120,6 +127,7 @@ class NamespaceBackend(Backend):
         """When True, created sandboxes have no owner process (CLI ``sandbox create``)."""
         self._agent: Path | None = None
         self._seccomp: Path | None = None
+        self._prepare_lock = threading.Lock()
         self._bwrap: str | None = None
 
     # ------------------------------------------------------------------ backend-wide
@@ -144,10 +152,18 @@ class NamespaceBackend(Backend):
             )
         if not Path("/sys/fs/cgroup/freezer/cgroup.procs").exists():
             raise BackendUnavailableError("cgroup v1 freezer controller is not mounted")
-        self.home.ensure()
-        self._agent = agent_binary(self.home)
-        self._seccomp = filter_file(self.home.root / "bin")
-        self._bwrap = bwrap
+        with self._prepare_lock:  # concurrent creates call this from worker threads
+            if self._agent is not None:
+                return
+            # Per process and home: the facade makes a backend instance per sandbox.
+            cached = _PREPARED.get(self.home.root)
+            if cached is None or not all(p.exists() for p in cached):
+                self.home.ensure()
+                cached = (agent_binary(self.home), filter_file(self.home.root / "bin"))
+                _PREPARED[self.home.root] = cached
+            self._seccomp = cached[1]
+            self._bwrap = bwrap
+            self._agent = cached[0]  # last: it is the "prepared" flag read without the lock
 
     def check(self, spec: SandboxSpec) -> None:
         """Preflight: network mode, limits and the allow-list before anything starts."""
@@ -256,12 +272,11 @@ class NamespaceBackend(Backend):
             raise
 
     def version_cached(self) -> str:
-        """The tool version, computed once per backend instance."""
-        v = getattr(self, "_version", None)
-        if v is None:
-            v = self.version()
-            self._version = v
-        return v
+        """The tool version, computed once per process and backend class."""
+        key = type(self).__name__
+        if key not in _VERSIONS:
+            _VERSIONS[key] = self.version()
+        return _VERSIONS[key]
 
     def _launch(self, sdir: Path, spec: SandboxSpec, cg: Cgroup, netns: str, lfd: int) -> None:
         """Start the sandbox's runtime (blocking until the launcher has forked it off)."""
