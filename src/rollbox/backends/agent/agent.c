@@ -310,9 +310,11 @@ static void session(int conn) {
                 int fd = k == 0 ? out[0] : err[0];
                 if (k == 0 ? !out_open : !err_open) continue;
                 fcntl(fd, F_SETFL, O_NONBLOCK);
-                for (;;) {
+                /* Bounded: a daemon that keeps writing must not hold the exec open. */
+                for (size_t total = 0; total < (4u << 20);) {
                     ssize_t n = read(fd, buf, sizeof buf);
                     if (n <= 0) break;
+                    total += (size_t)n;
                     if (send_frame(conn, k == 0 ? 'O' : 'R', buf, (uint32_t)n) < 0) _exit(1);
                 }
             }
