@@ -20,6 +20,7 @@ import errno
 import os
 import shutil
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,9 @@ _libc.mount.argtypes = [
     ctypes.c_char_p,
 ]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+
+_CWD_LOCK = threading.Lock()
 
 
 def sys_mount(source: str, target: Path, fstype: str, options: str, flags: int = 0) -> None:
@@ -181,31 +185,32 @@ class Rootfs:
         return fs
 
     def _mount_overlay(self, lower_dirs: list[Path]) -> None:
-        tops = [str(d.resolve()) for d in reversed(lower_dirs)]
-        opts = f"lowerdir={':'.join(tops)},upperdir={self.upper},workdir={self.work}"
-        if len(opts) <= _OPTION_LIMIT and not any(":" in t or "," in t for t in tops):
-            sys_mount("overlay", self.root, "overlay", opts)
-            return
-        # Too long (or awkward characters): short symlinks, mounted from their directory.
+        # The kernel shows the option strings as given in /proc/self/mountinfo, which a
+        # sandbox can read: mount with paths relative to the sandbox dir (short symlinks to
+        # the layers) so no host path leaks in, and so many layers fit in one mount.
         links = self.sandbox_dir / "l"
         links.mkdir(exist_ok=True)
         names = []
-        for i, t in enumerate(tops):
+        for i, d in enumerate(reversed(lower_dirs)):
             link = links / str(i)
             if link.is_symlink():
                 link.unlink()
-            link.symlink_to(t)
-            names.append(str(i))
-        rel = f"lowerdir={':'.join(names)},upperdir={self.upper},workdir={self.work}"
+            link.symlink_to(d.resolve())
+            names.append(f"l/{i}")
+        upper = self.upper.relative_to(self.sandbox_dir)
+        work = self.work.relative_to(self.sandbox_dir)
+        rel = f"lowerdir={':'.join(names)},upperdir={upper},workdir={work}"
         if len(rel) > _OPTION_LIMIT:
-            raise BackendError(f"too many layers ({len(tops)}) for one overlay mount")
-        cwd = os.open(".", os.O_RDONLY)
-        try:
-            os.chdir(links)
-            sys_mount("overlay", self.root, "overlay", rel)
-        finally:
-            os.fchdir(cwd)
-            os.close(cwd)
+            raise BackendError(f"too many layers ({len(names)}) for one overlay mount")
+        # The working directory is process-wide: serialise the chdir among threads.
+        with _CWD_LOCK:
+            cwd = os.open(".", os.O_RDONLY)
+            try:
+                os.chdir(self.sandbox_dir)
+                sys_mount("overlay", self.root, "overlay", rel)
+            finally:
+                os.fchdir(cwd)
+                os.close(cwd)
 
     def is_mounted(self) -> bool:
         """True when the overlay is mounted."""

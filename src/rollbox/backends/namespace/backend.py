@@ -100,6 +100,22 @@ def _network_module() -> Any:
     return network
 
 
+# Root inside is root on the host's kernel: without these, `echo 2 > /proc/sys/kernel/panic`
+# or /proc/sysrq-trigger inside would change or crash the host (docker's readonly/masked paths).
+# /proc/sys is bound from the host procfs read-only; its values follow the reader's namespaces.
+PROC_HARDENING: list[str] = [
+    *("--ro-bind", "/proc/sys", "/proc/sys"),
+    *("--ro-bind-try", "/proc/fs", "/proc/fs"),  # bwrap itself covers irq and bus
+    *(
+        a
+        for p in ("sysrq-trigger", "kcore", "keys", "timer_list", "sched_debug", "latency_stats")
+        # bwrap cannot mask a file the kernel does not have (e.g. no CONFIG_MAGIC_SYSRQ)
+        if os.path.exists(f"/proc/{p}")
+        for a in ("--ro-bind", "/dev/null", f"/proc/{p}")
+    ),
+]
+
+
 def _tool_version(argv: list[str]) -> str:
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False)
@@ -299,6 +315,7 @@ class NamespaceBackend(Backend):
         seccomp_fd = os.open(self._seccomp, os.O_RDONLY)
         argv = [str(self._agent), "launch", procs, netns, "--", self._bwrap]
         argv += ["--bind", str(sdir / "rootfs"), "/", "--dev", "/dev", "--proc", "/proc"]
+        argv += PROC_HARDENING
         argv += ["--perms", "0755", "--size", str(RUN_TMPFS_BYTES), "--tmpfs", "/run"]
         argv += ["--ro-bind", str(self._agent), AGENT_IN_SANDBOX]
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
