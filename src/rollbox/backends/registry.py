@@ -8,6 +8,8 @@ A backend module is imported only when asked for, so a host without QEMU can sti
 from __future__ import annotations
 
 import importlib
+import threading
+from pathlib import Path
 
 from rollbox.backends.base import Backend
 from rollbox.config import Home
@@ -42,6 +44,20 @@ def backend_class(name: str) -> type[Backend]:
     return cls
 
 
+_INSTANCES: dict[tuple[str, Path], Backend] = {}
+_LOCK = threading.Lock()
+
+
 def get_backend(name: str, home: Home | None = None) -> Backend:
-    """An instance of backend ``name`` for ``home`` (default: ``ROLLBOX_HOME``)."""
-    return backend_class(name)(home or Home.from_env())
+    """The instance of backend ``name`` for ``home`` (default: ``ROLLBOX_HOME``).
+
+    One instance per (backend, home) per process, so what ``prepare()`` builds (agent
+    binary, seccomp filter, accelerator probe) is done once, not per sandbox.
+    """
+    home = home or Home.from_env()
+    key = (name, home.root)
+    with _LOCK:
+        inst = _INSTANCES.get(key)
+        if inst is None:
+            inst = _INSTANCES[key] = backend_class(name)(home)
+        return inst
