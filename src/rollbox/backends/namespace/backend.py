@@ -244,36 +244,43 @@ class NamespaceBackend(Backend):
                 info.extra["net"] = net.to_dict()
                 netns = str(net.netns_path)
             sock_path = sdir / "run" / "agent.sock"
-            lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            with short_unix_path(sock_path) as bind_path:
-                lsock.bind(bind_path)
-            lsock.listen(64)
-            if type(self)._launch is NamespaceBackend._launch:
-                ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
-                try:
-                    launcher = self._spawn(sdir, spec, cg, netns, lsock.fileno(), ready_w)
-                finally:
-                    os.close(ready_w)
-            else:  # a subclass starts its sandboxes its own way
-                self._launch(sdir, spec, cg, netns, lsock.fileno())
-                launcher = None
-            lsock.close()
-            lsock = None
-            info.state = "running"
-            write_state(self.home, info)
-            handle = NamespaceSandbox(self, info)
-            # The launcher exits right after forking; reap it while bwrap starts up.
-            if launcher is not None and launcher.wait() != 0:
-                raise BackendError(f"launching the sandbox failed (exit {launcher.returncode})")
-            if ready_r >= 0:
-                started = _wait_ready(ready_r)
-                os.close(ready_r)
-                ready_r = -1
-            else:
-                started = _ping_sync(sock_path)
-            if not started:
+            for attempt in (1, 2):
+                sock_path.unlink(missing_ok=True)
+                lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                with short_unix_path(sock_path) as bind_path:
+                    lsock.bind(bind_path)
+                lsock.listen(64)
+                if type(self)._launch is NamespaceBackend._launch:
+                    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+                    try:
+                        launcher = self._spawn(sdir, spec, cg, netns, lsock.fileno(), ready_w)
+                    finally:
+                        os.close(ready_w)
+                else:  # a subclass starts its sandboxes its own way
+                    self._launch(sdir, spec, cg, netns, lsock.fileno())
+                    launcher = None
+                lsock.close()
+                lsock = None
+                info.state = "running"
+                write_state(self.home, info)
+                handle = NamespaceSandbox(self, info)
+                # The launcher exits right after forking; reap it while bwrap starts up.
+                if launcher is not None and launcher.wait() != 0:
+                    raise BackendError(f"launching the sandbox failed (exit {launcher.returncode})")
+                if ready_r >= 0:
+                    started = _wait_ready(ready_r)
+                    os.close(ready_r)
+                    ready_r = -1
+                else:
+                    started = _ping_sync(sock_path)
+                if started:
+                    break
                 log = (sdir / "sandbox.log").read_text(errors="replace").strip()[-500:]
-                raise BackendError(f"sandbox {sid} did not start: {log or 'no output'}")
+                if attempt == 2 or not log.startswith("bwrap:"):
+                    raise BackendError(f"sandbox {sid} did not start: {log or 'no output'}")
+                # bwrap's own setup failed (seen transiently while other tools remount /proc
+                # on the host): clear what it left in the cgroup and start it once more.
+                teardown.kill_sandbox(cg)
             if info.expires_at is not None:
                 from rollbox.backends.reaper import ensure_reaper
 
