@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import sys
 import time
 
 import typer
@@ -20,18 +21,27 @@ from rollbox.errors import BackendUnavailableError, RollboxError
 TMP_STALE_S = 3600.0
 
 
-def cleanup(home: Home, dry_run: bool = False) -> list[str]:
-    """Every backend's orphans, then stale ``tmp/`` entries; one line each."""
+def cleanup(home: Home, dry_run: bool = False, problems: list[str] | None = None) -> list[str]:
+    """Every backend's orphans, then stale ``tmp/`` entries; one line each.
+
+    A backend that cannot be loaded or fails is skipped (the others still run); its error
+    goes to ``problems`` when given.
+    """
     lines: list[str] = []
     for name in names():
         try:
             be = get_backend(name, home)
-        except (ImportError, AttributeError, RollboxError):
-            continue  # backend module not present in this install
+        except (ImportError, AttributeError, SyntaxError, RollboxError) as exc:
+            if problems is not None and not isinstance(exc, ImportError | AttributeError):
+                problems.append(f"backend {name} not loaded: {exc}")
+            continue  # not present in this install
         try:
             lines += be.cleanup_orphans(dry_run=dry_run)
         except BackendUnavailableError:
             continue
+        except (RollboxError, OSError) as exc:
+            if problems is not None:
+                problems.append(f"backend {name}: {exc}")
     if home.tmp.is_dir():
         now = time.time()
         for entry in sorted(home.tmp.iterdir()):
@@ -57,10 +67,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Remove leftovers of sandboxes whose owner died, whose TTL passed or that crashed."""
         home = Home.from_env()
-        lines = cleanup(home, dry_run)
+        problems: list[str] = []
+        lines = cleanup(home, dry_run, problems)
         verb = "would remove" if dry_run else "removed"
         emit(
-            {"dry_run": dry_run, "removed": lines},
+            {"dry_run": dry_run, "removed": lines, "problems": problems},
             json_,
             "\n".join(f"{verb} {line}" for line in lines) or "nothing to clean up",
         )
+        for problem in problems:
+            sys.stderr.write(f"error: {problem}\n")
+        if problems:
+            raise typer.Exit(1)
