@@ -16,7 +16,7 @@ import typer
 from pydantic import ValidationError
 
 from rollbox.backends.base import Backend, SandboxHandle
-from rollbox.backends.registry import get_backend
+from rollbox.backends.registry import backend_class
 from rollbox.backends.state import list_states, read_state
 from rollbox.cli.output import JSON_OPTION, emit
 from rollbox.config import Home
@@ -42,10 +42,18 @@ def _pairs(values: list[str], what: str) -> dict[str, str]:
     return out
 
 
+def _detached_backend(name: str, home: Home) -> Backend:
+    """A private backend instance whose sandboxes (and forks) have no owner process: they
+    outlive this CLI process. Not the registry's shared instance, so library sandboxes made
+    in the same process keep their owner."""
+    be = backend_class(name)(home)
+    be.detach = True  # type: ignore[attr-defined]
+    return be
+
+
 def _backend_for(home: Home, sandbox_id: str) -> tuple[Backend, SandboxInfo]:
     info = read_state(home, sandbox_id)
-    be = get_backend(info.backend, home)
-    be.detach = True  # type: ignore[attr-defined]  # forks made from the CLI are detached too
+    be = _detached_backend(info.backend, home)
     return be, info
 
 
@@ -90,8 +98,7 @@ def create_cmd(
         raise LimitsError(f"bad limit {where}: {first['msg']}") from None
     if ttl is not None and ttl <= 0:
         raise InvalidInputError("--ttl must be > 0")
-    be = get_backend(backend, home)
-    be.detach = True  # type: ignore[attr-defined]
+    be = _detached_backend(backend, home)
     policy = parse_network(network)
     store = BaselineStore(home)
     info = store.default() if baseline is None else store.resolve(baseline)
