@@ -493,11 +493,14 @@ class MicroVMSandbox(SandboxHandle):
     ) -> snaps.MemorySnapshot:
         snap_id = new_id("snap")
         sdir = template_dir or snaps.snap_dir(self.home, snap_id)
-        sdir.mkdir(parents=True)
+        sdir.mkdir(parents=True, exist_ok=template_dir is not None)
         vm = self.vm
         index = _xint(self._info, "disk_index", 0)
         new_disk = self.dir / f"disk-{index + 1}.qcow2"
         mem = sdir / "memory.bin"
+        # a boot snapshot's disk gets a unique name: a rebuilt one must never take the path
+        # that running sandboxes' overlays name as their backing file
+        frozen = sdir / (f"disk-{snap_id}.qcow2" if template_dir else "disk.qcow2")
         ok = False
         try:
             with qemu.QMP(self.rdir / "qmp.sock") as mon:
@@ -522,11 +525,9 @@ class MicroVMSandbox(SandboxHandle):
                     mon.wait_migration()
                     # freeze the disk: the file so far becomes the snapshot's, read-only;
                     # the VM continues on a new overlay stacked on it
-                    os.link(vm.disk, sdir / "disk.qcow2")
-                    os.chmod(sdir / "disk.qcow2", 0o444)
-                    disk.create_overlay(
-                        new_disk, sdir / "disk.qcow2", "qcow2", size_mb=self._disk_mb()
-                    )
+                    os.link(vm.disk, frozen)
+                    os.chmod(frozen, 0o444)
+                    disk.create_overlay(new_disk, frozen, "qcow2", size_mb=self._disk_mb())
                     mon.execute(
                         "blockdev-snapshot-sync",
                         device="upper",
@@ -546,7 +547,7 @@ class MicroVMSandbox(SandboxHandle):
                 id=snap_id,
                 source=self.id,
                 baseline=self._info.baseline,
-                vm=vm.to_json() | {"disk": str(sdir / "disk.qcow2")},
+                vm=vm.to_json() | {"disk": str(frozen)},
                 memory_size=mem.stat().st_size,
                 memory_sha256=snaps.sha256_file(mem),
                 disk_mb=self._disk_mb(),
@@ -563,8 +564,12 @@ class MicroVMSandbox(SandboxHandle):
             ok = True
             return record
         finally:
-            if not ok:
+            if not ok and template_dir is None:
                 shutil.rmtree(sdir, ignore_errors=True)
+            elif not ok:  # keep older disks of the boot snapshot: sandboxes stack on them
+                for path in (mem, frozen):
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
 
     def _save_template(self, tpl_dir: Path) -> None:
         """Save this freshly booted, not yet configured VM as the boot snapshot later
@@ -583,7 +588,8 @@ class MicroVMSandbox(SandboxHandle):
                 return
             # written in place (the running VM's new overlay names the frozen disk by its
             # final path); readers only trust the dir once meta.json, written last, exists
-            shutil.rmtree(tpl_dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.unlink(tpl_dir / "memory.bin")
             self._memory_snapshot_sync(False, template_dir=tpl_dir)
             self._info.extra["boot_snapshot"] = tpl_dir.name
             self._save()
@@ -745,7 +751,10 @@ class MicroVMBackend(Backend):
                 rec = snaps.MemorySnapshot.model_validate_json((tpl_dir / "meta.json").read_text())
                 return await self._restore(rec, spec, template=(tpl_dir, baseline))
             except CorruptionError:
-                shutil.rmtree(tpl_dir, ignore_errors=True)  # rebuilt by this cold boot
+                # rebuilt by this cold boot; its disk stays (running sandboxes stack on it)
+                for name in ("meta.json", "memory.bin"):
+                    with contextlib.suppress(OSError):
+                        os.unlink(tpl_dir / name)
         sid = new_id("sbx")
         info = self._new_info(spec, baseline.digest, sid)
         d = sandbox_dir(self.home, sid)
@@ -903,7 +912,7 @@ class MicroVMBackend(Backend):
         handle = MicroVMSandbox(self, info)
         try:
             await asyncio.to_thread(
-                disk.create_overlay, Path(vm.disk), sdir / "disk.qcow2", "qcow2"
+                disk.create_overlay, Path(vm.disk), Path(str(snap.vm["disk"])), "qcow2"
             )
             await asyncio.to_thread(self._load_memory, info, vm, mem_file, snap)
             write_state(self.home, info)
@@ -947,13 +956,18 @@ class MicroVMBackend(Backend):
             import hashlib
 
             h = hashlib.sha256()
+            writing = True
             try:
                 with open(mem_file, "rb") as f:
                     while block := f.read(1 << 20):
                         h.update(block)
                         view = memoryview(block)
-                        while view:
-                            n = os.write(w, view)
+                        while writing and view:
+                            try:
+                                n = os.write(w, view)
+                            except OSError:  # QEMU gave up; keep hashing to tell why
+                                writing = False
+                                break
                             view = view[n:]
             except OSError:
                 pass
@@ -964,7 +978,10 @@ class MicroVMBackend(Backend):
         t = threading.Thread(target=feed, daemon=True)
         t.start()
         deadline = time.monotonic() + BOOT_TIMEOUT_S
-        with qemu.QMP(Path(vm.run_dir) / "qmp.sock") as mon:
+        status = "unknown"
+        mon: qemu.QMP | None = None
+        try:
+            mon = qemu.QMP(Path(vm.run_dir) / "qmp.sock")
             while True:
                 status = mon.execute("query-status").get("status")
                 if status != "inmigrate":
@@ -972,15 +989,22 @@ class MicroVMBackend(Backend):
                 if not qemu.alive(pid, vm.name) or time.monotonic() > deadline:
                     break
                 time.sleep(0.005)
-            t.join(timeout=30)
+        except (OSError, BackendError):
+            status = "exited" if not qemu.alive(pid, vm.name) else "unreachable"
+        try:
+            t.join(timeout=60)
+            # a corrupt stream may make QEMU quit mid-load; the hash says whether it was
             if not digest or digest[0] != snap.memory_sha256:
                 raise CorruptionError(
                     f"memory snapshot {snap.id} does not match its recorded sha256; refused",
                     paths=[str(mem_file)],
                 )
-            if status not in ("paused", "prelaunch", "postmigrate"):
+            if mon is None or status not in ("paused", "prelaunch", "postmigrate"):
                 raise BackendError(f"restore of {snap.id} failed (QEMU state {status})")
             mon.execute("cont")
+        finally:
+            if mon is not None:
+                mon.close()
 
     # ------------------------------------------------------------------ attach / list
     async def attach(self, sandbox_id: str) -> SandboxHandle:

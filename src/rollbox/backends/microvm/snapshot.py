@@ -116,7 +116,7 @@ def check_size(home: Home, snap: MemorySnapshot, d: Path | None = None) -> Path:
     """
     d = d or snap_dir(home, snap.id)
     mem = d / "memory.bin"
-    if not (d / "disk.qcow2").is_file():
+    if not Path(str(snap.vm.get("disk", d / "disk.qcow2"))).is_file():
         raise CorruptionError(f"memory snapshot {snap.id} has lost its disk", paths=[str(d)])
     try:
         size = mem.stat().st_size

@@ -1,0 +1,79 @@
+"""Boot snapshots: the first create of a shape boots cold and saves one; later creates
+restore it with their own hostname, limits and fresh RNG; a corrupted one is not used (a
+cold boot rebuilds it) and sandboxes already stacked on it keep working."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+
+import pytest
+
+from rollbox.backends.microvm import MicroVMBackend, MicroVMSandbox
+from rollbox.backends.microvm.backend import assets_home
+from rollbox.config import Home
+from rollbox.models import BaselineInfo, Limits, SandboxSpec
+
+pytestmark = [pytest.mark.vm, pytest.mark.slow]
+
+# an odd shape no other test uses, so this test owns its boot snapshot
+LIMITS = Limits(memory_mb=48, disk_mb=48)
+RNG = "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'"
+
+
+def test_boot_snapshot_lifecycle(
+    vm_backend: MicroVMBackend, vm_home: Home, vm_baseline: BaselineInfo
+) -> None:
+    be = vm_backend
+
+    def spec(host: str) -> SandboxSpec:
+        return SandboxSpec(
+            baseline=vm_baseline.digest, backend="microvm", limits=LIMITS, hostname=host
+        )
+
+    async def make(host: str) -> MicroVMSandbox:
+        h = await be.create(spec(host), vm_baseline)
+        assert isinstance(h, MicroVMSandbox)
+        return h
+
+    async def go() -> None:
+        boot = assets_home(vm_home).vm / "boot"
+        # start from no boot snapshot of this shape
+        probe_h = await make("probe")
+        key = str(probe_h.info.extra["boot_snapshot"])
+        await probe_h.destroy()
+        tpl = boot / key
+        shutil.rmtree(tpl, ignore_errors=True)
+
+        a = await make("host-a")  # cold boot, saves the boot snapshot
+        assert (tpl / "meta.json").is_file() and a.info.extra["boot_snapshot"] == key
+        b = await make("host-b")  # restored from it
+        try:
+            assert b.info.extra["boot_snapshot"] == key and "qemu_pid" in b.info.extra
+            assert (await b.exec("hostname")).stdout == "host-b\n"
+            assert (await b.exec("cat /sys/fs/cgroup/rbx/memory.max")).stdout.strip() == str(
+                48 << 20
+            )
+            assert (await a.exec(RNG)).stdout != (await b.exec(RNG)).stdout
+            await b.write_file("/root/b", "b")
+
+            # corrupt it (same size): the next create does not use it but boots cold
+            mem = tpl / "memory.bin"
+            with open(mem, "r+b") as f:
+                f.seek(mem.stat().st_size // 2)
+                f.write(os.urandom(4096))
+            c = await make("host-c")
+            try:
+                assert (await c.exec("hostname")).stdout == "host-c\n"
+                assert (tpl / "meta.json").is_file()  # rebuilt by that cold boot
+                # b's disk still stacks on the old frozen disk, which was kept
+                assert (await b.read_file("/root/b")) == b"b"
+            finally:
+                await c.destroy()
+        finally:
+            await a.destroy()
+            await b.destroy()
+            shutil.rmtree(tpl, ignore_errors=True)
+
+    asyncio.run(go())
