@@ -103,6 +103,14 @@ def test_exec_basics_and_accelerator(world: World) -> None:
         assert (await h.exec("pwd", cwd="/tmp")).stdout == "/tmp\n"
         assert (await h.exec(["id", "-u"], user="1000")).stdout == "1000\n"
         assert (await h.read_file("/root/state")) == b"before-snapshot"
+        # a secret split across two streamed chunks is still masked in the callbacks
+        chunks: list[str] = []
+        r = await h.exec(
+            'printf %s "${TOKEN%????}"; sleep 0.3; printf \'%s\\n\' "${TOKEN#????}"',
+            secrets={"TOKEN": "abcdefgh"},
+            on_stdout=chunks.append,
+        )
+        assert "abcdefgh" not in "".join(chunks) and r.stdout == "***\n"
 
     run(go())
 

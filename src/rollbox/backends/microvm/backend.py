@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import codecs
 import contextlib
 import math
 import os
@@ -72,7 +71,6 @@ DEFAULT_DISK_MB = 4096
 GUEST_OVERHEAD_MB = 160  # kernel, page cache and the agent, on top of the memory limit
 MIN_MEMORY_MB = 32
 MIN_DISK_MB = 16
-MASK = "***"
 TEMPLATES = os.environ.get("ROLLBOX_MICROVM_BOOT_SNAPSHOTS", "1") != "0"
 """Create by restoring a boot snapshot of the same baseline and VM shape when one exists
 (the first create of a shape boots cold and saves it)."""
@@ -312,28 +310,19 @@ class MicroVMSandbox(SandboxHandle):
             "output_bytes": limits.output_bytes,
             "stdin": stdin is not None,
         }
-        masks = sorted((v for v in (secrets or {}).values() if v), key=len, reverse=True)
+        # the same capture as the namespace backend: capped, secrets masked even when a
+        # secret is split across two streamed chunks
+        from rollbox.backends.namespace.capture import StreamCapture
 
-        def mask(text: str) -> str:
-            for value in masks:
-                text = text.replace(value, MASK)
-            return text
-
-        out, err = bytearray(), bytearray()
-        decoders = {
-            T_OUT: codecs.getincrementaldecoder("utf-8")("replace"),
-            T_ERR: codecs.getincrementaldecoder("utf-8")("replace"),
+        masks = [v for v in (secrets or {}).values() if v]
+        caps = {
+            T_OUT: StreamCapture(limits.output_bytes, masks, on_stdout),
+            T_ERR: StreamCapture(limits.output_bytes, masks, on_stderr),
         }
 
         def on_frame(kind: int, payload: bytes) -> None:
-            if kind not in decoders:
-                return
-            (out if kind == T_OUT else err).extend(payload)
-            cb = on_stdout if kind == T_OUT else on_stderr
-            if cb is not None:
-                text = decoders[kind].decode(payload)
-                if text:
-                    cb(mask(text))
+            if kind in caps:
+                caps[kind].feed(payload)
 
         t0 = time.monotonic()
         async with self._session() as ch:
@@ -352,8 +341,7 @@ class MicroVMSandbox(SandboxHandle):
         duration = time.monotonic() - t0
         if "error" in reply:
             _raise_agent_error(reply["error"])
-        stdout = mask(out.decode(errors="replace"))
-        stderr = mask(err.decode(errors="replace"))
+        stdout, stderr = caps[T_OUT].finish(), caps[T_ERR].finish()
         if reply.get("timed_out"):
             raise ExecTimeoutError(
                 f"command timed out after {timeout:g}s in sandbox {self.id}",
@@ -367,7 +355,9 @@ class MicroVMSandbox(SandboxHandle):
             stderr=stderr,
             duration_s=duration,
             oom_killed=bool(reply.get("oom_killed")),
-            truncated=bool(reply.get("truncated")),
+            truncated=bool(reply.get("truncated"))
+            or caps[T_OUT].truncated
+            or caps[T_ERR].truncated,
         )
 
     # ------------------------------------------------------------------ files
