@@ -468,7 +468,12 @@ int main(int argc, char **argv) {
             (void)!write(rfd, "r", 1);
             close(rfd);
         }
-        return serve(atoi(argv[2]));
+        /* Nothing else the launcher passed (e.g. the memfd this agent was started from)
+         * may reach the commands it runs. */
+        int lfd = atoi(argv[2]);
+        for (int fd = 3; fd < 1024; fd++)
+            if (fd != lfd) close(fd);
+        return serve(lfd);
     }
     if (argc >= 6 && strcmp(argv[1], "launch") == 0 && strcmp(argv[4], "--") == 0)
         return launch(argv[2], argv[3], argv + 5);

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import shutil
 import socket
@@ -64,7 +65,6 @@ from rollbox.ids import new_id
 from rollbox.models import BaselineInfo, Capabilities, ExecResult, SandboxInfo, SandboxSpec, utcnow
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-AGENT_IN_SANDBOX = "/run/rollbox/agent"
 RUN_TMPFS_BYTES = 16 << 20
 # Docker's default capability set without CAP_MKNOD (no device nodes in the rootfs, so the
 # host never opens a device through a sandbox path).
@@ -114,6 +114,26 @@ PROC_HARDENING: list[str] = [
         for a in ("--ro-bind", "/dev/null", f"/proc/{p}")
     ),
 ]
+
+
+_MEMFDS: dict[Path, int] = {}
+_MEMFD_LOCK = threading.Lock()
+
+
+def agent_memfd(path: Path) -> int:
+    """A sealed, read-only memfd holding the agent binary at ``path`` (one per process)."""
+    with _MEMFD_LOCK:
+        fd = _MEMFDS.get(path)
+        if fd is None:
+            fd = os.memfd_create("rollbox-agent", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            data = path.read_bytes()
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals | fcntl.F_SEAL_WRITE)
+            _MEMFDS[path] = fd
+        return fd
 
 
 def _tool_version(argv: list[str]) -> str:
@@ -324,7 +344,6 @@ class NamespaceBackend(Backend):
         argv += ["--bind", str(sdir / "rootfs"), "/", "--dev", "/dev", "--proc", "/proc"]
         argv += PROC_HARDENING
         argv += ["--perms", "0755", "--size", str(RUN_TMPFS_BYTES), "--tmpfs", "/run"]
-        argv += ["--ro-bind", str(self._agent), AGENT_IN_SANDBOX]
         argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         if netns == "-":
             argv.append("--unshare-net")
@@ -332,8 +351,11 @@ class NamespaceBackend(Backend):
         argv += ["--cap-drop", "ALL"]
         for cap in CAPS:
             argv += ["--cap-add", cap]
-        argv += ["--seccomp", str(seccomp_fd), AGENT_IN_SANDBOX, "serve", str(lfd)]
-        fds = [lfd, seccomp_fd]
+        # The agent runs from a sealed memfd, not a bind mount: a bind would show its host
+        # path (under ROLLBOX_HOME) in the sandbox's /proc/self/mountinfo.
+        agent_fd = agent_memfd(self._agent)
+        argv += ["--seccomp", str(seccomp_fd), f"/proc/self/fd/{agent_fd}", "serve", str(lfd)]
+        fds = [lfd, seccomp_fd, agent_fd]
         if ready_fd is not None:
             argv.append(str(ready_fd))
             fds.append(ready_fd)
