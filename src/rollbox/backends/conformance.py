@@ -181,7 +181,8 @@ async def process_isolation(t: Harness) -> None:
         await b.exec(f"kill -9 {host_pids[0]}")
     await b.exec(
         "for p in /proc/[0-9]*; do p=${p#/proc/}; "
-        "case \"$(tr '\\0' ' ' < /proc/$p/cmdline 2>/dev/null)\" in *rollbox/agent*|*/proc/self/fd/*serve*) ;; "
+        "case \"$(tr '\\0' ' ' < /proc/$p/cmdline 2>/dev/null)\" in "
+        "*rollbox/agent*|*/proc/self/fd/*serve*) ;; "
         "*) kill -9 $p 2>/dev/null;; esac; done"
     )
     seen = await sh(a, "cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
