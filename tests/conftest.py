@@ -16,6 +16,13 @@ from pathlib import Path
 import pytest
 
 from rollbox.config import Home
+from rollbox.models import BaselineInfo
+
+DEV_TAR = Path("/var/tmp/rollbox-dev/rootfs.tar")
+"""A Debian rootfs tar some dev machines keep; imported once when present (saves a bootstrap)."""
+DEV_NAME = "rollbox-test/dev-rootfs"
+SHARED = ("oci", "layers", "baselines", "cache")
+"""What a per-test home shares with the session home: the baseline store, not sandboxes."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -39,4 +46,30 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Home]:
 def shared_home() -> Home:
     """A ROLLBOX_HOME shared by the whole session and kept between runs (caches)."""
     root = Path(os.environ.get("ROLLBOX_TEST_HOME", "/var/tmp/rollbox-test"))
+    return Home(root).ensure()
+
+
+@pytest.fixture(scope="session")
+def dev_baseline(shared_home: Home) -> BaselineInfo:
+    """A Debian baseline with python3 in the shared home: the dev rootfs tar when this
+    machine has it, else the default baseline (bootstrapped once per machine)."""
+    from rollbox.baselines.store import BaselineStore
+
+    store = BaselineStore(shared_home)
+    if DEV_TAR.exists():
+        found = store.find_name(DEV_NAME)
+        return found if found is not None else store.import_rootfs(DEV_TAR, names=[DEV_NAME])
+    return store.default()
+
+
+@pytest.fixture
+def linked_home(tmp_path: Path, shared_home: Home, monkeypatch: pytest.MonkeyPatch) -> Home:
+    """A fresh home (own tag, own sandboxes) whose baseline store is the shared home's;
+    exported as ``ROLLBOX_HOME``."""
+    root = tmp_path / "linked-home"
+    root.mkdir()
+    for name in SHARED:
+        (shared_home.root / name).mkdir(exist_ok=True)
+        os.symlink(shared_home.root / name, root / name)
+    monkeypatch.setenv("ROLLBOX_HOME", str(root))
     return Home(root).ensure()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
@@ -13,13 +12,11 @@ from rollbox.backends.common.rootfs import Rootfs, orphan_mounts, remove_orphan_
 from rollbox.config import Home
 from rollbox.errors import LimitsError
 from rollbox.hoststate import HostState
-from rollbox.models import Limits
+from rollbox.models import BaselineInfo, Limits
 
 LeakCheck = Callable[[HostState, HostState], dict[str, list[str]]]
 
 pytestmark = pytest.mark.root
-
-LOWER = Path("/var/tmp/rollbox-dev/rootfs")
 
 
 def test_cgroup_limits_freeze_kill_destroy(home: Home, leaks: LeakCheck) -> None:
@@ -83,9 +80,14 @@ def test_orphan_cgroups_finds_only_dead_ids(home: Home) -> None:
         b.destroy()
 
 
-def test_rootfs_overlay_disk_limit_and_fork_copy(home: Home, leaks: LeakCheck) -> None:
-    if not LOWER.is_dir():
-        pytest.skip("no dev rootfs at /var/tmp/rollbox-dev/rootfs")
+def test_rootfs_overlay_disk_limit_and_fork_copy(
+    home: Home, leaks: LeakCheck, shared_home: Home, dev_baseline: BaselineInfo
+) -> None:
+    from rollbox.baselines.store import BaselineStore
+
+    layers = BaselineStore(shared_home).layer_dirs(dev_baseline.digest)
+    assert len(layers) == 1  # a whole Debian rootfs in one layer
+    LOWER = layers[0]
     before = HostState.capture()
     d1 = home.sandboxes / "sbx-r1"
     fs = Rootfs.mount(d1, [LOWER], disk_mb=8)

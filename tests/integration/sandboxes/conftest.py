@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -14,36 +12,11 @@ from rollbox.config import Home
 from rollbox.errors import BackendUnavailableError
 from rollbox.models import BaselineInfo
 
-DEV_TAR = Path("/var/tmp/rollbox-dev/rootfs.tar")
-DEV_NAME = "rollbox-test/dev-rootfs"
-SHARED = ("oci", "layers", "baselines", "cache")
-
-
-@pytest.fixture(scope="session")
-def dev_baseline(shared_home: Home) -> BaselineInfo:
-    """A Debian baseline in the shared home: the dev rootfs tar when this machine has it,
-    else the default baseline (bootstrapped once)."""
-    from rollbox.baselines.store import BaselineStore
-
-    store = BaselineStore(shared_home)
-    if DEV_TAR.exists():
-        found = store.find_name(DEV_NAME)
-        return found if found is not None else store.import_rootfs(DEV_TAR, names=[DEV_NAME])
-    return store.default()
-
 
 @pytest.fixture
-def sbx_home(
-    tmp_path: Path, shared_home: Home, dev_baseline: BaselineInfo, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Home]:
+def sbx_home(linked_home: Home, dev_baseline: BaselineInfo) -> Iterator[Home]:
     """A fresh home (own tag, own sandboxes) whose baseline store is the shared one."""
-    root = tmp_path / "home"
-    root.mkdir()
-    for name in SHARED:
-        (shared_home.root / name).mkdir(exist_ok=True)
-        os.symlink(shared_home.root / name, root / name)
-    monkeypatch.setenv("ROLLBOX_HOME", str(root))
-    home = Home(root).ensure()
+    home = linked_home
     yield home
     # Whatever a failing test left: clean it up so it does not pollute the machine.
     for backend in ("namespace", "gvisor"):

@@ -4,7 +4,6 @@ on its records, and tamper detection on that real data (a log byte, a DB field).
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -14,40 +13,24 @@ from pathlib import Path
 import pytest
 
 from rollbox.config import Home
-
-DEV_TAR = Path("/var/tmp/rollbox-dev/rootfs.tar")
-DEV_NAME = "rollbox-test/dev-rootfs"
-SHARED = ("oci", "layers", "baselines", "cache")
+from rollbox.models import BaselineInfo
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
 @pytest.fixture
-def run_home(tmp_path: Path, shared_home: Home, monkeypatch: pytest.MonkeyPatch) -> Iterator[Home]:
-    """A fresh home whose baseline store is the shared one (the dev Debian rootfs in it)."""
-    from rollbox.baselines.store import BaselineStore
-
-    store = BaselineStore(shared_home)
-    if store.find_name(DEV_NAME) is None:
-        if not DEV_TAR.exists():
-            pytest.skip(f"{DEV_TAR} is not on this machine")
-        store.import_rootfs(DEV_TAR, names=[DEV_NAME])
-    root = tmp_path / "home"
-    root.mkdir()
-    for name in SHARED:
-        (shared_home.root / name).mkdir(exist_ok=True)
-        os.symlink(shared_home.root / name, root / name)
-    monkeypatch.setenv("ROLLBOX_HOME", str(root))
-    yield Home(root).ensure()
+def run_home(linked_home: Home, dev_baseline: BaselineInfo) -> Iterator[Home]:
+    """A fresh home whose baseline store is the shared one (the session's Debian baseline)."""
+    yield linked_home
 
 
-def _task(root: Path) -> Path:
+def _task(root: Path, baseline: str) -> Path:
     t = root / "store-e2e"
     (t / "tests").mkdir(parents=True)
     (t / "instruction.md").write_text("Say hello.\n")
     (t / "task.toml").write_text(
         '[task]\nname = "store-e2e"\n[agent]\ntimeout_sec = 60\n[verifier]\ntimeout_sec = 60\n'
-        f'[rollbox]\nbaseline = "{DEV_NAME}"\n'
+        f'[rollbox]\nbaseline = "{baseline}"\n'
     )
     (t / "tests" / "test.sh").write_text(
         "#!/bin/bash\necho verifier-ran\necho 1 > /logs/verifier/reward.txt\n"
@@ -64,8 +47,10 @@ def rollbox(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_verify_and_export_on_a_real_run(run_home: Home, tmp_path: Path) -> None:
-    task = _task(tmp_path)
+def test_verify_and_export_on_a_real_run(
+    run_home: Home, tmp_path: Path, dev_baseline: BaselineInfo
+) -> None:
+    task = _task(tmp_path, dev_baseline.digest)
     res = rollbox(
         "run", str(task), "--agent", "cmd:echo hello-from-agent", "--attempts", "2",
         "--backend", "namespace", "--json",
