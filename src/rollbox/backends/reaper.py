@@ -51,17 +51,27 @@ def reaper_running(home: Home) -> bool:
 
 
 def ensure_reaper(home: Home) -> None:
-    """Start the home's reaper process unless one is running."""
-    if reaper_running(home):
+    """Start the home's reaper process unless one is running.
+
+    The lock is taken here and handed to the child (an inherited ``flock`` stays held), so
+    concurrent creates cannot each spawn a reaper while the first one is still starting up
+    (each spawn is a Python start-up that competes with the sandboxes for the CPU).
+    """
+    fd = _try_lock(home)
+    if fd is None:
         return
-    subprocess.Popen(
-        [sys.executable, "-m", "rollbox.backends.reaper", str(home.root)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        close_fds=True,
-    )
+    try:
+        subprocess.Popen(
+            [sys.executable, "-m", "rollbox.backends.reaper", str(home.root), str(fd)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=(fd,),
+        )
+    finally:
+        os.close(fd)  # the child's copy keeps the lock
 
 
 def _with_ttl(home: Home) -> list[tuple[str, str, float]]:
@@ -103,9 +113,15 @@ async def _destroy(be: object, sandbox_id: str) -> None:
     await handle.destroy()
 
 
-def run(home: Home) -> None:
-    """The reaper loop (returns when no sandbox of ``home`` has a TTL)."""
-    fd = _try_lock(home)
+def run(home: Home, lock_fd: int | None = None) -> None:
+    """The reaper loop (returns when no sandbox of ``home`` has a TTL).
+
+    Args:
+        home: the home whose sandboxes are reaped.
+        lock_fd: the home's reaper lock, already held (inherited from :func:`ensure_reaper`);
+            ``None`` takes it here (returns at once when another reaper holds it).
+    """
+    fd = _try_lock(home) if lock_fd is None else lock_fd
     if fd is None:
         return
     while True:
@@ -123,4 +139,4 @@ def run(home: Home) -> None:
 
 
 if __name__ == "__main__":
-    run(Home(Path(sys.argv[1])))
+    run(Home(Path(sys.argv[1])), int(sys.argv[2]) if len(sys.argv) > 2 else None)
