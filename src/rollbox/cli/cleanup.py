@@ -1,12 +1,14 @@
 """``rollbox cleanup [--dry-run]``: remove what dead, expired or crashed sandboxes left.
 
-Runs ``cleanup_orphans`` of every registered backend whose tools are available, then
-removes stale entries of ``$ROLLBOX_HOME/tmp``. Prints one line per removed resource.
+Runs ``cleanup_orphans`` of every registered backend whose tools are available, marks runs
+whose ``rollbox run`` process died as ``interrupted`` in the metadata store, then removes
+stale entries of ``$ROLLBOX_HOME/tmp``. Prints one line per removed resource.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import sys
 import time
@@ -42,6 +44,11 @@ def cleanup(home: Home, dry_run: bool = False, problems: list[str] | None = None
         except (RollboxError, OSError) as exc:
             if problems is not None:
                 problems.append(f"backend {name}: {exc}")
+    try:
+        lines += _reap_runs(home, dry_run)
+    except (RollboxError, OSError) as exc:
+        if problems is not None:
+            problems.append(f"metadata store: {exc}")
     if home.tmp.is_dir():
         now = time.time()
         for entry in sorted(home.tmp.iterdir()):
@@ -55,6 +62,20 @@ def cleanup(home: Home, dry_run: bool = False, problems: list[str] | None = None
                         entry.unlink()
                 lines.append(f"tmp {entry}")
     return lines
+
+
+def _reap_runs(home: Home, dry_run: bool) -> list[str]:
+    """Runs whose ``rollbox run`` process is gone become ``interrupted`` (records sealed)."""
+    url = os.environ.get("ROLLBOX_DB")
+    if url is None and not home.db_path.exists():
+        return []  # no store yet: nothing ran here
+    from rollbox.rollouts.runs import reap_stale_runs, stale_runs
+    from rollbox.store.blobs import BlobStore
+    from rollbox.store.metadata import MetaStore
+
+    with MetaStore(url, home=home) as meta:
+        ids = stale_runs(meta) if dry_run else reap_stale_runs(meta, BlobStore(home))
+    return [f"run {i}: its rollbox run process is gone; marked interrupted" for i in ids]
 
 
 def register(app: typer.Typer) -> None:

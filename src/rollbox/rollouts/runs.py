@@ -144,6 +144,18 @@ def _pid_alive(pid: int | None) -> bool:
     return True
 
 
+def stale_runs(meta: MetaStore) -> list[str]:
+    """Ids of runs still marked ``running`` whose ``rollbox run`` process (on this host) is gone."""
+    here = socket.gethostname()
+    return [
+        run.id
+        for run in meta.list_runs(status="running")
+        if run.status == "running"
+        and not _pid_alive(run.owner_pid)
+        and (not run.host or run.host == here)
+    ]
+
+
 def reap_stale_runs(meta: MetaStore, blobs: BlobStore) -> list[str]:
     """Mark runs whose ``rollbox run`` process is gone as ``interrupted``.
 

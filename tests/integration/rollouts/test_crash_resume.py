@@ -79,6 +79,9 @@ def test_sigkill_cleanup_and_resume(runs: Runs) -> None:
     for sid in live:
         assert not (runs.home.sandboxes / sid).exists(), f"{sid} survived cleanup"
 
+    assert any(line.startswith(f"run {run_id}:") for line in json.loads(out.stdout)["removed"])
+    assert runs.meta.get_run(run_id).status == "interrupted"  # stored, not only shown
+
     shown = _cli(runs, "runs", "ls", "--json")
     assert shown.returncode == 0, shown.stderr
     assert '"interrupted"' in shown.stdout
