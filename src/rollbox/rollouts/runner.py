@@ -78,6 +78,8 @@ T = TypeVar("T")
 TESTS_DIR = "/tests"
 AGENT_LOG_DIR = "/logs/agent"
 """Harbor's agent log directory: collected when the agent made it."""
+SMALL_BLOB = 64 << 10
+"""Downloaded files up to this size are read whole and deduplicated in memory."""
 TTL_MARGIN_S = 600.0
 """Sandboxes outlive a rollout's time budget by this much at most, even if rollbox dies."""
 
@@ -602,9 +604,16 @@ class RolloutRunner:
         if missing:
             rec.extra = {**rec.extra, "missing_artifacts": missing}
 
+    def _store_file(self, name: str, path: Path) -> BlobRef:
+        """Store one downloaded file: small ones through :meth:`_ref` (a reward file or log
+        repeated across rollouts is written once), big ones streamed."""
+        if path.stat().st_size <= SMALL_BLOB:
+            return self._ref(name, path.read_bytes())
+        return self.blobs.ref_file(name, path)
+
     def _store_tree(self, src: str, dest: Path) -> list[BlobRef]:
         if dest.is_symlink() or dest.is_file():
-            return [self.blobs.ref_file(src, dest)] if dest.is_file() else []
+            return [self._store_file(src, dest)] if dest.is_file() else []
         out: list[BlobRef] = []
         for dirpath, dirnames, filenames in os.walk(dest):
             dirnames.sort()
@@ -613,7 +622,7 @@ class RolloutRunner:
                 if full.is_symlink() or not full.is_file():
                     continue
                 rel = full.relative_to(dest).as_posix()
-                out.append(self.blobs.ref_file(f"{src.rstrip('/')}/{rel}", full))
+                out.append(self._store_file(f"{src.rstrip('/')}/{rel}", full))
         return out
 
 

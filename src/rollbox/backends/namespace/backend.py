@@ -284,6 +284,7 @@ class NamespaceBackend(Backend):
                 info.state = "running"
                 write_state(self.home, info)
                 handle = NamespaceSandbox(self, info)
+                handle._note_state_file()
                 # The launcher exits right after forking; reap it while bwrap starts up.
                 if launcher is not None and launcher.wait() != 0:
                     raise BackendError(f"launching the sandbox failed (exit {launcher.returncode})")
@@ -563,6 +564,15 @@ class NamespaceSandbox(SandboxHandle):
     def info(self) -> SandboxInfo:
         """The sandbox's state record."""
         return self._info
+
+    def _note_state_file(self) -> None:
+        """Remember state.json as just written from ``self._info``, so the first file or
+        exec call does not parse it back (one model validation per sandbox saved)."""
+        try:
+            st = os.stat(self.dir / "state.json")
+        except FileNotFoundError:
+            return
+        self._state_key = (st.st_mtime_ns, st.st_size, st.st_ino)
 
     def _refresh(self) -> SandboxInfo:
         # Another process may have paused or destroyed the sandbox: re-read state.json,
