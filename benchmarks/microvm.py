@@ -172,7 +172,14 @@ async def main_async(n: int) -> dict[str, Any]:
     raw_initrd.write_bytes(_build(kernel, RAW_INIT))
     ensure_initramfs(assets, kernel)
     spec = SandboxSpec(baseline=base.digest, backend="microvm", limits=Limits(memory_mb=96))
-    cold, warm, raw, restore, naive, forks, mem, pss = [], [], [], [], [], [], [], []
+    cold: list[float] = []
+    warm: list[float] = []
+    raw: list[float] = []
+    restore: list[float] = []
+    naive: list[float] = []
+    forks: list[float] = []
+    mem: list[float] = []
+    pss: list[float] = []
 
     # create -> first exec, alternating with raw boots: cold boots, then boot-snapshot
     # creates (the first of which saves the boot snapshot and is not counted)

@@ -192,6 +192,7 @@ def test_truncated_and_corrupted_snapshots_are_refused(world: World) -> None:
 def test_killed_qemu_is_detected_and_cleaned(world: World) -> None:
     async def go() -> None:
         r = await world.backend.create(world.spec(from_snapshot=world.snap.id), world.baseline)
+        assert isinstance(r, MicroVMSandbox)
         pid = r.pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
@@ -211,6 +212,7 @@ def test_no_leftovers_after_destroy(world: World) -> None:
     async def go() -> None:
         before = HostState.capture(world.home.sandboxes)
         r = await world.backend.create(world.spec(from_snapshot=world.snap.id), world.baseline)
+        assert isinstance(r, MicroVMSandbox)
         forks = await r.fork(2)
         rdir = r.rdir
         for x in [r, *forks]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rollbox.backends.microvm import MicroVMBackend, probe
@@ -13,7 +15,7 @@ from rollbox.config import Home
 pytestmark = pytest.mark.vm
 
 
-def _assets(home: Home) -> tuple[probe.Path, probe.Path]:
+def _assets(home: Home) -> tuple[Path, Path]:
     assets = assets_home(home)
     kernel = ensure_kernel(assets)
     return kernel.vmlinuz, ensure_initramfs(assets, kernel, probe=True)
