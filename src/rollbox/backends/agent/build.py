@@ -1,4 +1,4 @@
-"""Compile ``agent.c`` once per source hash into ``$ROLLBOX_HOME/bin``."""
+"""Compile rollbox's small C programs once per source hash into ``$ROLLBOX_HOME/bin``."""
 
 from __future__ import annotations
 
@@ -14,38 +14,41 @@ from rollbox.errors import BackendUnavailableError
 SOURCE = Path(__file__).with_name("agent.c")
 
 
-def source_hash() -> str:
-    """First 8 hex chars of the agent source's sha256 (names the cached binary)."""
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:8]
+def source_hash(source: Path = SOURCE) -> str:
+    """First 8 hex chars of a source file's sha256 (names the cached binary)."""
+    return hashlib.sha256(source.read_bytes()).hexdigest()[:8]
 
 
-def agent_binary(home: Home) -> Path:
-    """The compiled agent for the current source, built with ``gcc -static`` if missing.
+def compile_c(home: Home, source: Path, name: str, flags: list[str]) -> Path:
+    """``gcc FLAGS`` of ``source`` into ``bin/<name>-<hash>[.so]``, reused when present.
 
     Raises:
         BackendUnavailableError: gcc or the static C library is missing, or compiling failed.
     """
-    target = home.root / "bin" / f"rollbox-agent-{source_hash()}"
+    suffix = ".so" if "-shared" in flags else ""
+    target = home.root / "bin" / f"{name}-{source_hash(source)}{suffix}"
     if target.exists():
         return target
     gcc = shutil.which("gcc")
     if gcc is None:
         raise BackendUnavailableError(
-            "gcc is needed to build the sandbox agent", hint="apt-get install gcc libc6-dev"
+            f"gcc is needed to build {name}", hint="apt-get install gcc libc6-dev"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
     proc = subprocess.run(
-        [gcc, "-static", "-O2", "-Wall", "-o", str(tmp), str(SOURCE)],
-        capture_output=True,
-        text=True,
-        check=False,
+        [gcc, *flags, "-o", str(tmp), str(source)], capture_output=True, text=True, check=False
     )
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise BackendUnavailableError(
-            f"building the sandbox agent failed: {proc.stderr.strip()[-500:]}",
+            f"building {name} failed: {proc.stderr.strip()[-500:]}",
             hint="apt-get install gcc libc6-dev",
         )
     os.replace(tmp, target)  # atomic: concurrent builders race harmlessly
     return target
+
+
+def agent_binary(home: Home) -> Path:
+    """The compiled sandbox agent for the current source (static), built if missing."""
+    return compile_c(home, SOURCE, "rollbox-agent", ["-static", "-O2", "-Wall"])

@@ -4,14 +4,10 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
+from rollbox.backends.agent.build import compile_c
 from rollbox.config import Home
-from rollbox.errors import BackendUnavailableError
 
 SOURCE = Path(__file__).with_name("uds_listen.c")
 STATX_SOURCE = Path(__file__).with_name("statx_fix.c")
@@ -23,38 +19,9 @@ def helper_binary(home: Home) -> Path:
     Raises:
         BackendUnavailableError: gcc or the static C library is missing, or compiling failed.
     """
-    return _build(home, SOURCE, "rollbox-uds-listen", ["-static", "-O2", "-Wall"])
+    return compile_c(home, SOURCE, "rollbox-uds-listen", ["-static", "-O2", "-Wall"])
 
 
 def statx_shim(home: Home) -> Path:
     """The compiled ``statx`` LD_PRELOAD shim (shared object), built if missing."""
-    return _build(home, STATX_SOURCE, "rollbox-statx", ["-shared", "-fPIC", "-O2", "-Wall"])
-
-
-def _build(home: Home, source: Path, name: str, flags: list[str]) -> Path:
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:8]
-    suffix = ".so" if "-shared" in flags else ""
-    target = home.root / "bin" / f"{name}-{digest}{suffix}"
-    if target.exists():
-        return target
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        raise BackendUnavailableError(
-            "gcc is needed to build the gVisor socket helper", hint="apt-get install gcc libc6-dev"
-        )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}")
-    proc = subprocess.run(
-        [gcc, *flags, "-o", str(tmp), str(source)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise BackendUnavailableError(
-            f"building the gVisor helper {name} failed: {proc.stderr.strip()[-500:]}",
-            hint="apt-get install gcc libc6-dev",
-        )
-    os.replace(tmp, target)
-    return target
+    return compile_c(home, STATX_SOURCE, "rollbox-statx", ["-shared", "-fPIC", "-O2", "-Wall"])
