@@ -30,6 +30,20 @@ OutputCallback = Callable[[str], None]
 """Receives decoded chunks of a command's stdout or stderr as they arrive."""
 
 
+def command_argv(cmd: list[str] | str) -> list[str]:
+    """The argv of an exec: a string runs with ``/bin/sh -c``, a list as it is.
+
+    Raises:
+        InvalidInputError: the command is empty.
+    """
+    from rollbox.errors import InvalidInputError
+
+    argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+    if not argv:
+        raise InvalidInputError("empty command")
+    return argv
+
+
 class SandboxHandle(abc.ABC):
     """One live sandbox, as seen by its backend."""
 

@@ -47,7 +47,7 @@ from typing import ClassVar
 
 from rollbox.backends.agent.build import agent_binary
 from rollbox.backends.agent.protocol import ExecRequest
-from rollbox.backends.base import OutputCallback
+from rollbox.backends.base import OutputCallback, command_argv
 from rollbox.backends.common.bundle import DEFAULT_PATH, oci_config, write_bundle
 from rollbox.backends.common.cgroups import Cgroup
 from rollbox.backends.gvisor.helper import helper_binary, statx_shim
@@ -490,9 +490,7 @@ class GVisorSandbox(NamespaceSandbox):
     ) -> ExecResult:
         """Run a command inside; see :meth:`SandboxHandle.exec`."""
         self._require_running()
-        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        if not argv:
-            raise InvalidInputError("empty command")
+        argv = command_argv(cmd)
         if self.info.spec.limits.pids is not None:
             # RLIMIT_NPROC per exec (see uds_listen.c): gVisor enforces it for root without
             # CAP_SYS_RESOURCE/CAP_SYS_ADMIN, which the bundle drops.

@@ -26,7 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rollbox.backends.base import Backend, OutputCallback, SandboxHandle
+from rollbox.backends.base import Backend, OutputCallback, SandboxHandle, command_argv
 from rollbox.backends.microvm import disk, probe, qemu
 from rollbox.backends.microvm import snapshot as snaps
 from rollbox.backends.microvm.channel import AgentChannel, ChannelClosed
@@ -295,9 +295,7 @@ class MicroVMSandbox(SandboxHandle):
         on_stderr: OutputCallback | None = None,
     ) -> ExecResult:
         self._usable()
-        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        if not argv:
-            raise InvalidInputError("empty command")
+        argv = command_argv(cmd)
         spec = self._info.spec
         limits = spec.limits
         workdir = cwd or spec.workdir or str(self._info.extra.get("image_workdir") or "/")

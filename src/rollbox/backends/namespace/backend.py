@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 from rollbox.backends.agent.build import agent_binary
 from rollbox.backends.agent.client import AgentClient, short_unix_path
 from rollbox.backends.agent.protocol import ExecRequest
-from rollbox.backends.base import Backend, OutputCallback, SandboxHandle
+from rollbox.backends.base import Backend, OutputCallback, SandboxHandle, command_argv
 from rollbox.backends.common.cgroups import Cgroup, remove_orphan_cgroups
 from rollbox.backends.common.rootfs import Rootfs, remove_orphan_mounts, remove_sandbox_dir
 from rollbox.backends.namespace import teardown
@@ -661,9 +661,7 @@ class NamespaceSandbox(SandboxHandle):
     ) -> ExecResult:
         """Run a command inside; see :meth:`SandboxHandle.exec`."""
         self._require_running()
-        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        if not argv:
-            raise InvalidInputError("empty command")
+        argv = command_argv(cmd)
         if timeout is not None and timeout <= 0:
             raise InvalidInputError("timeout must be > 0")
         spec = self.info.spec
