@@ -310,33 +310,8 @@ class MetaStore:
             return runs[0]
         if not ref:
             raise InvalidInputError("empty run id", hint="see `rollbox runs ls`")
-        candidates = [ref] if ref.startswith("run-") else [ref, "run-" + ref]
-        ids: list[str] = []
-        with self._begin() as conn:
-            for c in candidates:
-                like = _like_prefix(c)
-                ids += (
-                    conn.execute(
-                        select(runs_table.c.id)
-                        .where(runs_table.c.id.like(like, escape="\\"))
-                        .limit(3)
-                    )
-                    .scalars()
-                    .all()
-                )
-        ids = sorted(set(ids))
-        if ref in ids:
-            return self.get_run(ref)
-        if not ids:
-            raise RunNotFoundError(
-                f"no run matches {ref!r} in {self.display_url}", hint="see `rollbox runs ls`"
-            )
-        if len(ids) > 1:
-            raise InvalidInputError(
-                f"run prefix {ref!r} is ambiguous ({', '.join(ids)}...)",
-                hint="give more characters",
-            )
-        return self.get_run(ids[0])
+        rid = self._match_id(runs_table, "run", ref, hint="see `rollbox runs ls`")
+        return self.get_run(rid)
 
     # ------------------------------------------------------------------ rollouts
 
@@ -382,34 +357,36 @@ class MetaStore:
         ref = ref.strip()
         if not ref:
             raise InvalidInputError("empty rollout id")
-        candidates = [ref] if ref.startswith("ro-") else [ref, "ro-" + ref]
+        rid = self._match_id(rollouts_table, "rollout", ref, hint="see `rollbox report RUN`")
+        return self.get_rollout(rid)
+
+    def _match_id(self, table: Table, kind: str, ref: str, hint: str) -> str:
+        """The one id of ``table`` equal to ``ref`` or starting with it (``run-``/``ro-`` may
+        be left out).
+
+        Raises:
+            RunNotFoundError / RolloutNotFoundError: nothing matches.
+            InvalidInputError: the prefix matches several ids.
+        """
+        prefix = "run-" if kind == "run" else "ro-"
+        candidates = [ref] if ref.startswith(prefix) else [ref, prefix + ref]
         ids: list[str] = []
         with self._begin() as conn:
             for c in candidates:
-                like = _like_prefix(c)
-                ids += (
-                    conn.execute(
-                        select(rollouts_table.c.id)
-                        .where(rollouts_table.c.id.like(like, escape="\\"))
-                        .limit(3)
-                    )
-                    .scalars()
-                    .all()
-                )
+                query = select(table.c.id).where(table.c.id.like(_like_prefix(c), escape="\\"))
+                ids += conn.execute(query.limit(3)).scalars().all()
         ids = sorted(set(ids))
         if ref in ids:
-            return self.get_rollout(ref)
+            return ref
         if not ids:
-            raise RolloutNotFoundError(
-                f"no rollout matches {ref!r} in {self.display_url}",
-                hint="see `rollbox report RUN`",
-            )
+            missing = RunNotFoundError if kind == "run" else RolloutNotFoundError
+            raise missing(f"no {kind} matches {ref!r} in {self.display_url}", hint=hint)
         if len(ids) > 1:
             raise InvalidInputError(
-                f"rollout prefix {ref!r} is ambiguous ({', '.join(ids)}...)",
+                f"{kind} prefix {ref!r} is ambiguous ({', '.join(ids)}...)",
                 hint="give more characters",
             )
-        return self.get_rollout(ids[0])
+        return ids[0]
 
     def rollouts_of(self, run_id: str) -> list[RolloutRecord]:
         """Every rollout of a run, ordered by task, attempt and creation time."""
