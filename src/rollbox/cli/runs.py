@@ -45,23 +45,15 @@ def _open(db: str | None) -> tuple[MetaStore, BlobStore]:
     return MetaStore(db, home=home), BlobStore(home)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def effective_status(run: RunRecord) -> RunStatus:
     """The run's status, ``interrupted`` when it says running but its process is gone."""
+    from rollbox.rollouts.runs import pid_alive
+
     if (
         run.status == "running"
         and run.owner_pid is not None
         and run.host in ("", socket.gethostname())
-        and not _pid_alive(run.owner_pid)
+        and not pid_alive(run.owner_pid)
     ):
         return "interrupted"
     return run.status

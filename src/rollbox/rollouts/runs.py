@@ -132,7 +132,8 @@ def executor_for(concurrency: int) -> ThreadPoolExecutor:
     )
 
 
-def _pid_alive(pid: int | None) -> bool:
+def pid_alive(pid: int | None) -> bool:
+    """True when a process with that pid exists (``None``: no process)."""
     if pid is None:
         return False
     try:
@@ -151,7 +152,7 @@ def stale_runs(meta: MetaStore) -> list[str]:
         run.id
         for run in meta.list_runs(status="running")
         if run.status == "running"
-        and not _pid_alive(run.owner_pid)
+        and not pid_alive(run.owner_pid)
         and (not run.host or run.host == here)
     ]
 
@@ -167,7 +168,7 @@ def reap_stale_runs(meta: MetaStore, blobs: BlobStore) -> list[str]:
     marked: list[str] = []
     here = socket.gethostname()
     for run in meta.list_runs(status="running"):
-        if run.status != "running" or _pid_alive(run.owner_pid):
+        if run.status != "running" or pid_alive(run.owner_pid):
             continue
         if run.host and run.host != here:
             continue  # a shared PostgreSQL store: another machine's pids mean nothing here
@@ -327,7 +328,7 @@ class Run:
         """Take over a stored run: mark what its dead process left as interrupted."""
         reap_stale_runs(self.meta, self.blobs)
         run = self.meta.resolve_run(ref)
-        if run.status == "running" and _pid_alive(run.owner_pid) and run.owner_pid != os.getpid():
+        if run.status == "running" and pid_alive(run.owner_pid) and run.owner_pid != os.getpid():
             raise InvalidInputError(
                 f"run {run.id} is still running (pid {run.owner_pid})", hint="wait or kill it"
             )
