@@ -29,10 +29,21 @@ from rollbox.models import BaselineInfo, Limits, SandboxSpec
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow]
 
+# write-then-rename so a reader never sees the file truncated between two values
 COUNTER = (
-    "setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done' "
-    ">/dev/null 2>&1 &"
+    "setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; "
+    "mv /tmp/count.new /tmp/count; sleep 0.05; done' >/dev/null 2>&1 &"
 )
+
+
+async def read_count(h: MicroVMSandbox) -> int:
+    """The counter's current value, waiting (bounded) for its first write."""
+    for _ in range(100):
+        out = (await h.exec("cat /tmp/count 2>/dev/null")).stdout.strip()
+        if out:
+            return int(out)
+        await asyncio.sleep(0.1)
+    raise AssertionError("the counter never wrote /tmp/count")
 
 
 def run(coro: Any) -> Any:
@@ -70,18 +81,22 @@ def world(
         spec = SandboxSpec(baseline=vm_baseline.digest, backend="microvm",
                            limits=Limits(memory_mb=96, disk_mb=256))  # fmt: skip
 
-        async def setup() -> tuple[MicroVMSandbox, snaps.MemorySnapshot, int]:
-            h = await be.create(spec, vm_baseline)
-            assert isinstance(h, MicroVMSandbox)
+        async def setup(h: MicroVMSandbox) -> tuple[snaps.MemorySnapshot, int]:
             await h.exec(COUNTER)
-            await asyncio.sleep(0.5)
+            await read_count(h)  # the loop is running before we freeze it
             await h.write_file("/root/state", "before-snapshot")
             snap = await h.memory_snapshot()
-            # the count the snapshot froze is at least what we read right before it
-            count = int((await h.exec("cat /tmp/count")).stdout)
-            return h, snap, count
+            # the count the snapshot froze is at most what we read right after it
+            return snap, await read_count(h)
 
-        h, snap, count = run(setup())
+        h = run(be.create(spec, vm_baseline))
+        assert isinstance(h, MicroVMSandbox)
+        try:
+            snap, count = run(setup(h))
+        except BaseException:
+            run(h.destroy())
+            be.cleanup_orphans()
+            raise
         w = World(home, be, vm_baseline, before, h, snap, count)
         try:
             yield w
@@ -119,9 +134,10 @@ def test_restore_keeps_running_process_state(world: World) -> None:
     async def go() -> None:
         r = await world.backend.create(world.spec(from_snapshot=world.snap.id), world.baseline)
         try:
-            first = int((await r.exec("cat /tmp/count")).stdout)
+            assert isinstance(r, MicroVMSandbox)
+            first = await read_count(r)
             await asyncio.sleep(0.5)
-            later = int((await r.exec("cat /tmp/count")).stdout)
+            later = await read_count(r)
             # the shell loop kept its in-memory counter: it continues, it did not restart
             assert first >= 1 and later > first
             assert first <= world.count_at_snapshot + 5
