@@ -155,6 +155,8 @@ def _raise_agent_error(err: dict[str, Any], path: str = "") -> None:
         raise NotFoundError(f"no such file in the sandbox: {path or msg}")
     if kind in ("is_dir", "not_dir", "user"):
         raise InvalidInputError(f"{msg}" if kind == "user" else f"{path}: {msg}")
+    if kind == "nopython":  # the baseline lacks what this operation needs in the guest
+        raise InvalidInputError(msg)
     raise BackendError(f"guest agent: {msg}")
 
 
@@ -819,6 +821,7 @@ class MicroVMBackend(Backend):
                 qemu.host_tsc_khz(),
                 AGENT_VERSION,
                 qemu.BASE_APPEND,
+                qemu.TCG_APPEND,
                 initrd,
             ],
             sort_keys=True,
