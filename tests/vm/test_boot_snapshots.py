@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 
 import pytest
 
@@ -58,11 +59,16 @@ def test_boot_snapshot_lifecycle(
             assert (await a.exec(RNG)).stdout != (await b.exec(RNG)).stdout
             await b.write_file("/root/b", "b")
 
-            # corrupt it (same size): the next create does not use it but boots cold
-            mem = tpl / "memory.bin"
-            with open(mem, "r+b") as f:
-                f.seek(mem.stat().st_size // 2)
+            # corrupt it (same size): the next create does not use it but boots cold.
+            # A corrupted copy renamed over it, not a write in place: running restores
+            # map the RAM image copy-on-write and would see in-place writes.
+            mem = tpl / "ram.img"
+            bad = tpl / "ram.img.bad"
+            subprocess.run(["cp", "--sparse=always", mem, bad], check=True)
+            with open(bad, "r+b") as f:
+                f.seek(os.lseek(f.fileno(), 0, os.SEEK_DATA) + 100)
                 f.write(os.urandom(4096))
+            os.replace(bad, mem)
             c = await make("host-c")
             try:
                 assert (await c.exec("hostname")).stdout == "host-c\n"

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -181,24 +181,47 @@ def _copy_snapshot(world: World) -> Path:
     dst = snaps.snap_dir(world.home, sid)
     dst.mkdir()
     os.link(src / "disk.qcow2", dst / "disk.qcow2")
-    shutil.copyfile(src / "memory.bin", dst / "memory.bin")
+    for name in ("state.bin", "ram.img"):  # sparse copies: holes stay holes
+        subprocess.run(["cp", "--sparse=always", src / name, dst / name], check=True)
     snaps.save(world.home, world.snap.model_copy(update={"id": sid}))
     return dst
 
 
-def test_truncated_and_corrupted_snapshots_are_refused(world: World) -> None:
-    before = HostState.capture(world.home.sandboxes)
-    truncated = _copy_snapshot(world)
-    with open(truncated / "memory.bin", "r+b") as f:
-        f.truncate(world.snap.memory_size // 2)
-    corrupted = _copy_snapshot(world)
-    with open(corrupted / "memory.bin", "r+b") as f:
-        f.seek(world.snap.memory_size - 4096)
-        f.write(os.urandom(64))
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
 
-    for d, words in ((truncated, "truncated"), (corrupted, "sha256")):
+
+def test_truncated_and_corrupted_snapshots_are_refused(world: World) -> None:
+    assert world.snap.layout == "split"
+    before = HostState.capture(world.home.sandboxes)
+    cases = []
+    truncated = _copy_snapshot(world)
+    with open(truncated / "ram.img", "r+b") as f:
+        f.truncate(world.snap.ram_size // 2)
+    cases.append((truncated, "truncated"))
+    state = _copy_snapshot(world)
+    _flip(state / "state.bin", world.snap.memory_size - 100)
+    cases.append((state, "sha256"))
+    ram = _copy_snapshot(world)
+    # a byte inside the RAM image's first data region
+    with open(ram / "ram.img", "rb") as f:
+        first_data = os.lseek(f.fileno(), 0, os.SEEK_DATA)
+    _flip(ram / "ram.img", first_data + 10)
+    cases.append((ram, "RAM image"))
+    intact = _copy_snapshot(world)  # a faithful copy (new inode: fully re-hashed) restores
+
+    for d, words in cases:
         with pytest.raises(CorruptionError, match=words):
             run(world.backend.create(world.spec(from_snapshot=d.name), world.baseline))
+    ok = run(world.backend.create(world.spec(from_snapshot=intact.name), world.baseline))
+    try:
+        assert run(ok.read_file("/root/state")) == b"before-snapshot"
+    finally:
+        run(ok.destroy())
     leaks = scoped_diff(before, HostState.capture(world.home.sandboxes), world.home)
     assert not leaks
     names = find_processes(proc_name(world.home.tag, ""))

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rollbox.backends.base import Backend, OutputCallback, SandboxHandle, command_argv
-from rollbox.backends.microvm import disk, probe, qemu
+from rollbox.backends.microvm import disk, memfile, probe, qemu
 from rollbox.backends.microvm import snapshot as snaps
 from rollbox.backends.microvm.channel import AgentChannel, ChannelClosed
 from rollbox.backends.microvm.guest_agent import T_DATA, T_EOF, T_ERR, T_IN, T_OUT, frame, jframe
@@ -74,6 +74,8 @@ MIN_MEMORY_MB = 32
 MIN_DISK_MB = 16
 PIPE_BYTES = 1 << 20  # fs.pipe-max-size default; larger needs CAP_SYS_RESOURCE
 TEMPLATES = os.environ.get("ROLLBOX_MICROVM_BOOT_SNAPSHOTS", "1") != "0"
+SPLIT_MEMORY = os.environ.get("ROLLBOX_MICROVM_SPLIT_MEMORY", "1") != "0"
+"""Save memory snapshots as a copy-on-write RAM image + device state (lazy restores)."""
 """Create by restoring a boot snapshot of the same baseline and VM shape when one exists
 (the first create of a shape boots cold and saves it)."""
 
@@ -527,6 +529,7 @@ class MicroVMSandbox(SandboxHandle):
                     )
                 finally:
                     mon.execute("cont")
+            layout, size, sha, ram = self._store_memory(mem, sdir)
             old_disk = vm.disk
             vm.disk = str(new_disk)
             self._info.extra["vm"] = vm.to_json()
@@ -540,8 +543,12 @@ class MicroVMSandbox(SandboxHandle):
                 source=self.id,
                 baseline=self._info.baseline,
                 vm=vm.to_json() | {"disk": str(frozen)},
-                memory_size=mem.stat().st_size,
-                memory_sha256=snaps.sha256_file(mem),
+                memory_size=size,
+                memory_sha256=sha,
+                layout=layout,
+                ram_size=ram.ram_size if ram else 0,
+                ram_digest=ram.ram_digest if ram else "",
+                ram_stat=snaps.fingerprint(sdir / "ram.img") if ram else [],
                 disk_mb=self._disk_mb(),
                 accelerator=vm.accel,
                 kernel=str(self._info.extra.get("kernel", "")),
@@ -559,9 +566,27 @@ class MicroVMSandbox(SandboxHandle):
             if not ok and template_dir is None:
                 shutil.rmtree(sdir, ignore_errors=True)
             elif not ok:  # keep older disks of the boot snapshot: sandboxes stack on them
-                for path in (mem, frozen):
-                    with contextlib.suppress(OSError):
-                        os.unlink(path)
+                snaps.remove_memory(sdir)
+                with contextlib.suppress(OSError):
+                    os.unlink(frozen)
+
+    @staticmethod
+    def _store_memory(mem: Path, sdir: Path) -> tuple[str, int, str, memfile.Split | None]:
+        """Split the saved stream into RAM image + state (or keep it whole when the
+        splitter does not understand it); returns (layout, stream size, stream sha256,
+        split)."""
+        if SPLIT_MEMORY:
+            for name in ("ram.img", "state.bin"):  # a boot snapshot rewritten in place
+                with contextlib.suppress(OSError):
+                    os.unlink(sdir / name)
+            try:
+                res = memfile.split(mem, sdir / "ram.img", sdir / "state.bin")
+            except memfile.UnsupportedStream:
+                pass
+            else:
+                os.unlink(mem)
+                return "split", res.state_size, res.state_sha256, res
+        return "stream", mem.stat().st_size, snaps.sha256_file(mem), None
 
     def _save_template(self, tpl_dir: Path) -> None:
         """Save this freshly booted, not yet configured VM as the boot snapshot later
@@ -580,8 +605,7 @@ class MicroVMSandbox(SandboxHandle):
                 return
             # written in place (the running VM's new overlay names the frozen disk by its
             # final path); readers only trust the dir once meta.json, written last, exists
-            with contextlib.suppress(OSError):
-                os.unlink(tpl_dir / "memory.bin")
+            snaps.remove_memory(tpl_dir)
             self._memory_snapshot_sync(False, template_dir=tpl_dir)
             self._info.extra["boot_snapshot"] = tpl_dir.name
             self._save()
@@ -597,9 +621,9 @@ class MicroVMSandbox(SandboxHandle):
         try:
             made = await self.backend.restore_many(snap, n, self._info.spec)
         finally:
-            # branches keep the frozen disk; the memory image is no longer needed
-            with contextlib.suppress(OSError):
-                os.unlink(snaps.snap_dir(self.home, snap.id) / "memory.bin")
+            # branches keep the frozen disk (and map the RAM image they started from);
+            # the memory files are no longer needed
+            snaps.remove_memory(snaps.snap_dir(self.home, snap.id))
         return list(made)
 
     # ------------------------------------------------------------------ lifecycle
@@ -744,9 +768,9 @@ class MicroVMBackend(Backend):
                 return await self._restore(rec, spec, template=(tpl_dir, baseline))
             except CorruptionError:
                 # rebuilt by this cold boot; its disk stays (running sandboxes stack on it)
-                for name in ("meta.json", "memory.bin"):
-                    with contextlib.suppress(OSError):
-                        os.unlink(tpl_dir / name)
+                with contextlib.suppress(OSError):
+                    os.unlink(tpl_dir / "meta.json")
+                snaps.remove_memory(tpl_dir)
         sid = new_id("sbx")
         info = self._new_info(spec, baseline.digest, sid)
         d = sandbox_dir(self.home, sid)
@@ -878,6 +902,7 @@ class MicroVMBackend(Backend):
         vm.disk = str(d / "disk-0.qcow2")
         vm.run_dir = str(rdir)
         vm.console_log = str(d / "console.log")
+        vm.mem_file = str(sdir / "ram.img") if snap.layout == "split" else ""
         info.accelerator = vm.accel
         info.extra.update(
             run_dir=str(rdir),
@@ -970,6 +995,16 @@ class MicroVMBackend(Backend):
             finally:
                 os.close(w)
                 digest.append(h.hexdigest())
+            if snap.layout == "split":
+                # checked while QEMU loads the state; the guest runs only if it matches
+                try:
+                    ram = Path(vm.mem_file)
+                    if snap.ram_stat and snaps.fingerprint(ram) == snap.ram_stat:
+                        digest.append(snap.ram_digest)  # unchanged since it was hashed
+                    else:
+                        digest.append(memfile.ram_digest(ram))
+                except OSError:
+                    digest.append("unreadable")
 
         t = threading.Thread(target=feed, daemon=True)
         t.start()
@@ -994,6 +1029,12 @@ class MicroVMBackend(Backend):
                 raise CorruptionError(
                     f"memory snapshot {snap.id} does not match its recorded sha256; refused",
                     paths=[str(mem_file)],
+                )
+            if snap.layout == "split" and digest[1:] != [snap.ram_digest]:
+                raise CorruptionError(
+                    f"memory snapshot {snap.id}: its RAM image does not match the recorded "
+                    "digest; refused",
+                    paths=[vm.mem_file],
                 )
             if mon is None or status not in ("paused", "prelaunch", "postmigrate"):
                 raise BackendError(f"restore of {snap.id} failed (QEMU state {status})")

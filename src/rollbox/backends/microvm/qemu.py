@@ -24,6 +24,8 @@ from rollbox.errors import BackendError, BackendUnavailableError
 QEMU = "qemu-system-x86_64"
 RUN_ROOT = Path("/run/rbx")
 AGENT_PORT = "rollbox.agent"
+RAM_ID = "microvm.ram"
+"""QEMU's name for a microvm's RAM block (and our memory backend object)."""
 TB_MB = int(os.environ.get("ROLLBOX_MICROVM_TB_MB", "32"))
 """TCG translation cache per VM (MiB): it is most of QEMU's own memory (8 MiB measured
 ~28 MiB less per VM than 32) but a small one retranslates hot guest code (python) often."""
@@ -101,6 +103,8 @@ class VMConfig:
     console_log: str
     extra_append: str = ""
     tsc_khz: int = field(default_factory=host_tsc_khz)
+    mem_file: str = ""
+    """A split snapshot's RAM image to map copy-on-write as guest RAM ("" = anonymous)."""
 
     def argv(self, *, incoming: str | None = None) -> list[str]:
         """The QEMU command line (``incoming``: restore from that migration URI, paused)."""
@@ -113,10 +117,19 @@ class VMConfig:
         accel = ["-accel", f"tcg,thread=multi,tb-size={TB_MB}", "-cpu", "max"]
         if self.accel == "kvm":
             accel = ["-accel", "kvm", "-cpu", "host,-arch-capabilities"]
+        machine = "microvm,x-option-roms=off,rtc=on,isa-serial=on"
+        memory: list[str] = []
+        if self.mem_file:
+            # same RAM block name as QEMU's default RAM, so a stream saved from an anonymous
+            # guest restores onto the file; share=off: MAP_PRIVATE, the file is never written
+            machine += f",memory-backend={RAM_ID}"
+            memory = ["-object", f"memory-backend-file,id={RAM_ID},size={self.memory_mb}M,"
+                      f"mem-path={self.mem_file},share=off"]  # fmt: skip
         argv = [
             QEMU,
             "-name", f"{self.name},debug-threads=off",
-            "-M", "microvm,x-option-roms=off,rtc=on,isa-serial=on",
+            "-M", machine,
+            *memory,
             *accel,
             "-m", str(self.memory_mb),
             "-smp", str(self.cpus),

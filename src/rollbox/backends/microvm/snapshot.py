@@ -1,14 +1,19 @@
 """Memory snapshots: a paused VM's RAM and device state plus its frozen disk overlay.
 
-``$ROLLBOX_HOME/vm/snapshots/<snap-id>/`` holds ``memory.bin`` (the QEMU migration stream),
-``disk.qcow2`` (the sandbox's writable disk as it was at that instant, read-only from then
-on; later overlays use it as their backing file) and ``meta.json`` (the VM config to
-restore with, the baseline under it, the memory file's size and sha256). A restore checks
-the size first and the hash while streaming the file into QEMU, and refuses a mismatch.
+``$ROLLBOX_HOME/vm/snapshots/<snap-id>/`` holds the memory, ``disk.qcow2`` (the sandbox's
+writable disk as it was at that instant, read-only from then on; later overlays use it as
+their backing file) and ``meta.json`` (the VM config to restore with, the baseline under
+it, sizes and digests). The memory is either split (layout ``split``, the default):
+``ram.img``, the guest RAM as a sparse image that restores map copy-on-write, and
+``state.bin``, the migration stream without those pages (see
+:mod:`~rollbox.backends.microvm.memfile`); or one QEMU migration stream ``memory.bin``
+(layout ``stream``). A restore checks sizes first and the digests before the guest runs,
+and refuses a mismatch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -43,9 +48,19 @@ class MemorySnapshot(Model):
     vm: dict[str, Any]
     """The VM config (:class:`~rollbox.backends.microvm.qemu.VMConfig`) to restore with."""
     memory_size: int
-    """Size of ``memory.bin`` in bytes."""
+    """Size of the stream QEMU loads (``state.bin`` or ``memory.bin``) in bytes."""
     memory_sha256: str
-    """sha256 of ``memory.bin``."""
+    """sha256 of that stream."""
+    layout: str = "stream"
+    """``split`` (``ram.img`` + ``state.bin``) or ``stream`` (``memory.bin``)."""
+    ram_size: int = 0
+    """Size of ``ram.img`` (split layout)."""
+    ram_digest: str = ""
+    """:func:`~rollbox.backends.microvm.memfile.ram_digest` of ``ram.img`` (split layout)."""
+    ram_stat: list[int] = []
+    """``ram.img``'s (inode, size, mtime, ctime) right after it was written and hashed: a
+    restore re-hashes the image only when this changed (any write, truncation or
+    replacement changes it; ``ctime`` cannot be set back), as git's index does."""
     disk_mb: int
     """Virtual size of the disk in MiB."""
     accelerator: str
@@ -108,30 +123,57 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+MEMORY_FILES = ("memory.bin", "state.bin", "ram.img")
+"""Every name a snapshot's memory may have (removed together)."""
+
+
+def stream_file(snap: MemorySnapshot, d: Path) -> Path:
+    """The file QEMU loads with ``-incoming``."""
+    return d / ("state.bin" if snap.layout == "split" else "memory.bin")
+
+
 def check_size(home: Home, snap: MemorySnapshot, d: Path | None = None) -> Path:
-    """The memory file, after checking it exists with the recorded size.
+    """The stream file to load, after checking the memory files exist with the recorded
+    sizes.
 
     Raises:
         CorruptionError: missing or truncated.
     """
     d = d or snap_dir(home, snap.id)
-    mem = d / "memory.bin"
+    mem = stream_file(snap, d)
     if not Path(str(snap.vm.get("disk", d / "disk.qcow2"))).is_file():
         raise CorruptionError(f"memory snapshot {snap.id} has lost its disk", paths=[str(d)])
-    try:
-        size = mem.stat().st_size
-    except FileNotFoundError:
-        raise CorruptionError(
-            f"memory snapshot {snap.id} has no memory file (fork snapshots keep only the disk)",
-            paths=[str(mem)],
-        ) from None
-    if size != snap.memory_size:
-        raise CorruptionError(
-            f"memory snapshot {snap.id} is truncated or altered: {size} bytes, "
-            f"recorded {snap.memory_size}",
-            paths=[str(mem)],
-        )
+    expect = [(mem, snap.memory_size)]
+    if snap.layout == "split":
+        expect.append((d / "ram.img", snap.ram_size))
+    for path, want in expect:
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise CorruptionError(
+                f"memory snapshot {snap.id} has no {path.name} (fork snapshots keep only the disk)",
+                paths=[str(path)],
+            ) from None
+        if size != want:
+            raise CorruptionError(
+                f"memory snapshot {snap.id} is truncated or altered: {path.name} has {size} "
+                f"bytes, recorded {want}",
+                paths=[str(path)],
+            )
     return mem
+
+
+def fingerprint(path: Path) -> list[int]:
+    """(inode, size, mtime_ns, ctime_ns) of a file."""
+    st = path.stat()
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def remove_memory(d: Path) -> None:
+    """Delete a snapshot's memory files (running restores keep their mapping)."""
+    for name in MEMORY_FILES:
+        with contextlib.suppress(OSError):
+            os.unlink(d / name)
 
 
 def all_snapshots(home: Home) -> list[MemorySnapshot]:
