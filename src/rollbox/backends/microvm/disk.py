@@ -20,9 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rollbox.config import Home
-from rollbox.errors import BackendError, BackendUnavailableError, CapabilityError
-
-PYTHON = "usr/bin/python3"
+from rollbox.errors import BackendError, BackendUnavailableError
 
 
 def _run(cmd: list[str]) -> None:
@@ -72,7 +70,6 @@ def ensure_base_image(home: Home, digest: str, layers: list[Path]) -> Path:
     """The cached ext4 image of baseline ``digest``, built from its layers on first use.
 
     Raises:
-        CapabilityError: the baseline has no ``/usr/bin/python3`` (the guest agent needs it).
         BackendError: the image could not be built.
     """
     d = home.vm / "disks"
@@ -86,11 +83,6 @@ def ensure_base_image(home: Home, digest: str, layers: list[Path]) -> Path:
         if path.is_file():
             return path
         with merged_view(layers, home.tmp) as root:
-            if not os.path.lexists(root / PYTHON):
-                raise CapabilityError(
-                    f"baseline {digest[:19]} has no /{PYTHON}, which the microvm guest agent needs",
-                    hint="add python3 to the baseline or use the namespace/gvisor backend",
-                )
             size_mb = _tree_bytes(root) * 12 // 10 // (1 << 20) + 64
             tmp = path.with_suffix(f".tmp{os.getpid()}")
             try:

@@ -1,9 +1,10 @@
 """The initramfs rollbox boots its guests with: busybox-static, the virtio modules, an init.
 
 The init mounts the baseline disk (serial ``rbxbase``, read-only ext4) and the sandbox's
-writable disk (serial ``rbxupper``) as one overlayfs root, moves the agent onto a tmpfs at
-``/run/rollbox`` and ``switch_root``s straight into ``python3 agent.py`` as PID 1: no init
-system and no probing beyond what the sandbox needs.
+writable disk (serial ``rbxupper``) as one overlayfs root, copies the agent (the static C
+binary ``rbx-agent`` and its python file-tree helper ``agent.py``) onto a tmpfs at
+``/run/rollbox`` and ``switch_root``s straight into ``rbx-agent`` as PID 1: no init system,
+no probing beyond what the sandbox needs, and no python3 needed to boot and exec.
 """
 
 from __future__ import annotations
@@ -14,12 +15,25 @@ import io
 import os
 from pathlib import Path
 
+from rollbox.backends.agent.build import compile_c
 from rollbox.backends.microvm import guest_agent
 from rollbox.backends.microvm.kernel import GuestKernel
 from rollbox.config import Home
 from rollbox.errors import BackendUnavailableError
 
 BUSYBOX = Path("/bin/busybox")
+AGENT_SOURCE = Path(guest_agent.__file__).with_name("guest_agent.c")
+
+
+def agent_binary(home: Home) -> Path:
+    """The guest agent (static, stripped), compiled once per source into ``home``'s bin/.
+
+    Raises:
+        BackendUnavailableError: gcc or the static C library is missing.
+    """
+    flags = ["-static", "-O2", "-s", "-Wall"]
+    return compile_c(home, AGENT_SOURCE, "rollbox-guest-agent", flags)
+
 
 INIT = r"""#!/bin/busybox sh
 B=/bin/busybox
@@ -43,18 +57,19 @@ $B mount -t ext4 -o ro,noload $base /lower || fail "cannot mount the baseline di
 $B mount -t ext4 $upper /rw || fail "cannot mount the sandbox disk"
 $B mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work /newroot \
   || fail "cannot mount the overlay root"
-[ -e /newroot/usr/bin/python3 ] || fail "NOPYTHON: the baseline has no /usr/bin/python3"
+# a minimal baseline (a static binary or busybox, no python3) may lack the mount points
+for d in dev proc sys run tmp; do [ -d /newroot/$d ] || $B mkdir -p /newroot/$d; done
 $B mount -t tmpfs -o mode=755,size=16m tmpfs /newroot/run
 $B mkdir -p /newroot/run/rollbox/rw /newroot/run/rollbox/lower
 $B mount --move /rw /newroot/run/rollbox/rw
 $B mount --move /lower /newroot/run/rollbox/lower
-$B cp /agent.py /newroot/run/rollbox/agent.py
+$B cp /agent.py /rbx-agent /newroot/run/rollbox/
 $B ip link set lo up
 $B mount --move /dev /newroot/dev
 $B mount --move /proc /newroot/proc
 $B mount --move /sys /newroot/sys
 $B mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup
-exec $B switch_root /newroot /usr/bin/python3 -I -S /run/rollbox/agent.py
+exec $B switch_root /newroot /run/rollbox/rbx-agent
 """
 
 PROBE_INIT = r"""#!/bin/busybox sh
@@ -77,7 +92,7 @@ def _cpio(entries: list[tuple[str, int, bytes]]) -> bytes:
     return out.getvalue()
 
 
-def _build(kernel: GuestKernel, init: str) -> bytes:
+def _build(kernel: GuestKernel, init: str, agent: bytes) -> bytes:
     if not BUSYBOX.is_file():
         raise BackendUnavailableError(
             "busybox-static is not installed", hint="apt-get install busybox-static"
@@ -91,7 +106,9 @@ def _build(kernel: GuestKernel, init: str) -> bytes:
     entries.append(("bin/busybox", 0o100755, BUSYBOX.read_bytes()))
     entries.append(("bin/sh", 0o120777, b"busybox"))
     entries.append(("init", 0o100755, init.replace("MODULES", " ".join(names)).encode()))
-    entries.append(("agent.py", 0o100644, Path(guest_agent.__file__).read_bytes()))
+    if agent:
+        entries.append(("agent.py", 0o100644, Path(guest_agent.__file__).read_bytes()))
+        entries.append(("rbx-agent", 0o100755, agent))
     for m in mods:
         entries.append((f"lib/modules/{m.name}", 0o100644, m.read_bytes()))
     return _cpio(entries)
@@ -101,11 +118,16 @@ def ensure_initramfs(home: Home, kernel: GuestKernel, *, probe: bool = False) ->
     """The initramfs for ``kernel`` (cached by content: kernel, busybox, init and agent).
 
     With ``probe``, the init only prints a marker and powers off (accelerator probe).
+
+    Raises:
+        BackendUnavailableError: busybox-static, gcc or the static C library is missing.
     """
     init = PROBE_INIT if probe else INIT
+    agent = b"" if probe else agent_binary(home).read_bytes()
     key = hashlib.sha256()
     for part in (kernel.version.encode(), init.encode(), Path(guest_agent.__file__).read_bytes()):
         key.update(part)
+    key.update(agent)
     key.update(str(BUSYBOX.stat().st_mtime_ns if BUSYBOX.exists() else 0).encode())
     d = home.vm / "initramfs"
     d.mkdir(parents=True, exist_ok=True)
@@ -117,7 +139,7 @@ def ensure_initramfs(home: Home, kernel: GuestKernel, *, probe: bool = False) ->
         if path.is_file():
             return path
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_bytes(_build(kernel, init))
+        tmp.write_bytes(_build(kernel, init, agent))
         # kept afterwards: memory snapshots restore with the exact initramfs they booted
         os.rename(tmp, path)
     return path
