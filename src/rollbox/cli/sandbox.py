@@ -65,7 +65,12 @@ async def _attach(home: Home, sandbox_id: str) -> SandboxHandle:
 @app.command("create")
 def create_cmd(
     baseline: str | None = typer.Option(None, "--baseline", help="Digest, prefix or name."),
-    backend: str = typer.Option("namespace", "--backend", help="namespace, gvisor, microvm."),
+    backend: str | None = typer.Option(
+        None, "--backend", help="namespace (default), gvisor, microvm."
+    ),
+    from_snapshot: str | None = typer.Option(
+        None, "--from-snapshot", help="Restore a memory snapshot (snap-...; microvm)."
+    ),
     cpus: float | None = typer.Option(None, "--cpus", help="CPU quota in cores."),
     memory_mb: int | None = typer.Option(None, "--memory-mb", help="Memory limit (MiB)."),
     pids: int | None = typer.Option(None, "--pids", help="Process limit."),
@@ -98,9 +103,22 @@ def create_cmd(
         raise LimitsError(f"bad limit {where}: {first['msg']}") from None
     if ttl is not None and ttl <= 0:
         raise InvalidInputError("--ttl must be > 0")
+    backend = backend or ("microvm" if from_snapshot else "namespace")
     be = _detached_backend(backend, home)
     policy = parse_network(network)
     store = BaselineStore(home)
+    if from_snapshot:
+        if baseline is not None:
+            raise InvalidInputError(
+                "--from-snapshot restores the snapshot's own baseline; drop --baseline"
+            )
+        if not be.capabilities.memory_snapshot:
+            raise InvalidInputError(
+                f"backend {backend!r} has no memory snapshots; use --backend microvm"
+            )
+        from rollbox.backends.microvm import snapshot as snaps
+
+        baseline = snaps.load(home, from_snapshot).baseline
     info = store.default() if baseline is None else store.resolve(baseline)
     spec = SandboxSpec(
         baseline=info.digest,
@@ -113,6 +131,7 @@ def create_cmd(
         hostname=hostname,
         workdir=workdir,
         user=user,
+        from_snapshot=from_snapshot,
     )
     be.check(spec)
     be.prepare()
@@ -205,16 +224,58 @@ def cp_cmd(
 def snapshot_cmd(
     sandbox_id: str = typer.Argument(..., help="Sandbox id."),
     name: str | None = typer.Option(None, "--name", help="Name for the new baseline."),
+    memory: bool = typer.Option(
+        False, "--memory", help="Also save memory and devices (microvm): prints a snap- id."
+    ),
     json_: bool = JSON_OPTION,
 ) -> None:
-    """Turn the sandbox's filesystem changes into a new baseline (it keeps running)."""
+    """Turn the sandbox's filesystem changes into a new baseline (it keeps running); with
+    --memory, a memory snapshot that `create --from-snapshot` restores."""
     home = Home.from_env()
+    if memory and name is not None:
+        raise InvalidInputError("--name names a filesystem baseline; drop it with --memory")
 
     async def go() -> str:
-        return await (await _attach(home, sandbox_id)).snapshot(name=name)
+        return await (await _attach(home, sandbox_id)).snapshot(name=name, memory=memory)
 
-    digest = _run(go())
-    emit({"digest": digest, "sandbox": sandbox_id, "name": name}, json_, digest)
+    ref = _run(go())
+    if memory:
+        emit({"snapshot": ref, "sandbox": sandbox_id}, json_, ref)
+    else:
+        emit({"digest": ref, "sandbox": sandbox_id, "name": name}, json_, ref)
+
+
+def _microvm(home: Home) -> Any:
+    from rollbox.backends.microvm import MicroVMBackend
+
+    return MicroVMBackend(home)
+
+
+@app.command("snapshots")
+def snapshots_cmd(json_: bool = JSON_OPTION) -> None:
+    """List memory snapshots (microvm)."""
+    home = Home.from_env()
+    records = _microvm(home).list_snapshots()
+
+    def human() -> None:
+        if not records:
+            print("no memory snapshots")
+        for r in records:
+            kind = "fork" if r.ephemeral else "user"
+            print(f"{r.id}  {kind}  from {r.source}  baseline {r.baseline[:19]}  {r.layout}")
+
+    emit([r.model_dump(mode="json") for r in records], json_, human)
+
+
+@app.command("snapshot-rm")
+def snapshot_rm_cmd(
+    snapshot_id: str = typer.Argument(..., help="Memory snapshot id (snap-...)."),
+    json_: bool = JSON_OPTION,
+) -> None:
+    """Delete a memory snapshot (refused while a sandbox or snapshot stacks on it)."""
+    home = Home.from_env()
+    _microvm(home).remove_snapshot(snapshot_id)
+    emit({"removed": snapshot_id}, json_, f"removed {snapshot_id}")
 
 
 @app.command("fork")
