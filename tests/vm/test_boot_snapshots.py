@@ -5,6 +5,7 @@ cold boot rebuilds it) and sandboxes already stacked on it keep working."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -77,9 +78,28 @@ def test_boot_snapshot_lifecycle(
                 assert (await b.read_file("/root/b")) == b"b"
             finally:
                 await c.destroy()
+
+            # garbage collection by `rollbox cleanup`: a boot snapshot whose baseline left
+            # the store goes; a stale one (older agent/kernel) stays while running QEMUs
+            # stack on its disks and goes after
+            orphan = boot / ("0" * 32)
+            shutil.copytree(tpl, orphan)
+            meta = (orphan / "meta.json").read_text()
+            (orphan / "meta.json").write_text(
+                meta.replace(vm_baseline.digest, "sha256:" + "0" * 64)
+            )
+            meta = (tpl / "meta.json").read_text()
+            initrd = str(json.loads(meta)["vm"]["initrd"])
+            (tpl / "meta.json").write_text(meta.replace(initrd, "/nonexistent/old.cpio"))
+            report = be.cleanup_orphans()
+            assert f"boot snapshot {orphan.name} (its baseline is gone)" in report
+            assert not orphan.exists() and tpl.is_dir()
+            assert (await b.read_file("/root/b")) == b"b"
         finally:
             await a.destroy()
             await b.destroy()
-            shutil.rmtree(tpl, ignore_errors=True)
+        report = be.cleanup_orphans()
+        assert f"boot snapshot {key} (saved with an older guest agent or kernel)" in report
+        assert not tpl.exists()
 
     asyncio.run(go())

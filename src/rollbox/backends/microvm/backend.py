@@ -45,6 +45,7 @@ from rollbox.backends.state import (
 from rollbox.config import Home
 from rollbox.errors import (
     BackendError,
+    BackendUnavailableError,
     CorruptionError,
     ExecTimeoutError,
     InvalidInputError,
@@ -85,6 +86,17 @@ def assets_home(home: Home) -> Home:
     images, boot snapshots): the one owning the layer store they derive from, so homes that
     share a store (symlinked ``layers/``) share them too."""
     return Home(Path(os.path.realpath(home.layers)).parent)
+
+
+def _open_paths_of_qemus() -> set[str]:
+    """Every file path a rollbox QEMU (any home) has open."""
+    out: set[str] = set()
+    for pid in qemu.find_processes("rbx-").values():
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    out.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return out
 
 
 def normalize(path: str) -> str:
@@ -693,8 +705,6 @@ class MicroVMBackend(Backend):
         qemu.version()
         for tool, pkg in (("qemu-img", "qemu-utils"), ("mkfs.ext4", "e2fsprogs")):
             if shutil.which(tool) is None:
-                from rollbox.errors import BackendUnavailableError
-
                 raise BackendUnavailableError(
                     f"{tool} is not installed", hint=f"apt-get install {pkg}"
                 )
@@ -1130,6 +1140,41 @@ class MicroVMBackend(Backend):
                 out.append(f"fork snapshot {rec.id}")
         return out
 
+    def _drop_stale_boot_snapshots(self, dry_run: bool = False) -> list[str]:
+        """Boot snapshots no create can use any more: their baseline left the store, or
+        they were saved with another initramfs (agent or kernel changed). One whose files a
+        running QEMU (of any home sharing these assets) still has open is kept: sandboxes
+        stack on its frozen disk."""
+        boot = assets_home(self.home).vm / "boot"
+        if not boot.is_dir():
+            return []
+        from rollbox.baselines.store import BaselineStore
+
+        store = BaselineStore(self.home)
+        current = ""
+        with contextlib.suppress(BackendUnavailableError):
+            self.prepare()
+            current = str(self._initrd)
+        in_use = _open_paths_of_qemus()
+        out = []
+        for d in sorted(boot.iterdir()):
+            try:
+                rec = snaps.MemorySnapshot.model_validate_json((d / "meta.json").read_text())
+            except (OSError, ValueError):
+                continue  # being written (meta.json comes last) or not a boot snapshot
+            initrd = str(rec.vm.get("initrd", ""))
+            why = ""
+            if store.get(rec.baseline) is None:
+                why = "its baseline is gone"
+            elif current and initrd != current:
+                why = "saved with an older guest agent or kernel"
+            if not why or any(p.startswith(f"{d}/") for p in in_use):
+                continue
+            out.append(f"boot snapshot {d.name} ({why})")
+            if not dry_run:
+                shutil.rmtree(d, ignore_errors=True)
+        return out
+
     def cleanup_orphans(self, *, dry_run: bool = False) -> list[str]:
         out: list[str] = []
         live: set[str] = set()
@@ -1173,6 +1218,7 @@ class MicroVMBackend(Backend):
                     if not dry_run:
                         shutil.rmtree(entry, ignore_errors=True)
         out += self._drop_unused_snapshots(dry_run)
+        out += self._drop_stale_boot_snapshots(dry_run)
         from rollbox.backends.common.cgroups import remove_orphan_cgroups
 
         # keep every live sandbox's group, of any backend (they share the home's parent)
