@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -2195,7 +2196,9 @@ int main(int argc, char **argv) {
     sigprocmask(SIG_BLOCK, &block, NULL);
     if (argc == 3 && strcmp(argv[1], "--fd") == 0) {
         test_mode = 1;
+        prctl(PR_SET_CHILD_SUBREAPER, 1); /* orphans come to us, as to PID 1 in the guest */
         port = atoi(argv[2]);
+        connected = 1; /* a socket: no SIGIO on connect, the peer is there from the start */
         fcntl(port, F_SETFD, FD_CLOEXEC);
         set_nonblock(port, 1);
     } else {
