@@ -34,6 +34,7 @@ from typing import Any
 
 from rollbox.backends.microvm import MicroVMBackend, MicroVMSandbox
 from rollbox.backends.microvm import backend as backend_mod
+from rollbox.backends.microvm import qemu as qemu_mod
 from rollbox.backends.microvm import snapshot as snaps
 from rollbox.backends.microvm.backend import assets_home
 from rollbox.backends.microvm.disk import ensure_base_image
@@ -96,7 +97,10 @@ def raw_boot(kernel: Path, initrd: Path, image: Path, accel: str) -> float:
 
 
 def raw_restore(snap: snaps.MemorySnapshot, home: Home, scratch: Path) -> float:
-    """Naive restore of the same snapshot: -incoming exec:cat, poll QMP, cont."""
+    """Raw QEMU restoring the same snapshot to *running* (no exec): for a ``stream`` snapshot
+    the naive way (``-incoming exec:cat memory.bin``), for a ``split`` one the way rollbox
+    does it (RAM image mapped copy-on-write, ``-incoming exec:cat state.bin``); poll QMP
+    until loaded, then ``cont``."""
     vm = dict(snap.vm)
     disk = scratch / "raw-restore.qcow2"
     subprocess.run(
@@ -110,11 +114,13 @@ def raw_restore(snap: snaps.MemorySnapshot, home: Home, scratch: Path) -> float:
     cfg = VMConfig.from_json(vm)
     cfg.disk, cfg.run_dir, cfg.console_log = str(disk), str(scratch), str(scratch / "c.log")
     cfg.name = "rbx-bench-raw"
-    argv = [a for a in cfg.argv() if a != "-daemonize"]
-    mem = snaps.snap_dir(home, snap.id) / "memory.bin"
+    sdir = snaps.snap_dir(home, snap.id)
+    cfg.mem_file = str(sdir / "ram.img") if snap.layout == "split" else ""
+    mem = snaps.stream_file(snap, sdir)
+    argv = [a for a in cfg.argv(incoming=f"exec:cat {mem}") if a != "-daemonize"]
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [*argv, "-S", "-incoming", f"exec:cat {mem}"],
+        argv,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -176,7 +182,10 @@ async def main_async(n: int) -> dict[str, Any]:
     warm: list[float] = []
     raw: list[float] = []
     restore: list[float] = []
+    restore_stream: list[float] = []
     naive: list[float] = []
+    raw_lazy: list[float] = []
+    workload: dict[str, float] = {}
     forks: list[float] = []
     mem: list[float] = []
     pss: list[float] = []
@@ -199,16 +208,41 @@ async def main_async(n: int) -> dict[str, Any]:
     src = await be.create(spec, base)
     assert isinstance(src, MicroVMSandbox)
     await src.exec("echo ready > /tmp/r")
-    snap = await src.memory_snapshot()
+    snap = await src.memory_snapshot()  # split layout (the default)
+    assert snap.layout == "split"
+    backend_mod.SPLIT_MEMORY = False  # the same state as one plain migration stream
+    await src.exec("true")
+    snap_stream = await src.memory_snapshot()
+    backend_mod.SPLIT_MEMORY = True
+    assert snap_stream.layout == "stream"
     scratch = Path(tempfile.mkdtemp(prefix="raw-", dir="/run"))
-    for _ in range(n):
-        naive.append(raw_restore(snap, home, scratch))
+
+    async def restore_first_exec(which: snaps.MemorySnapshot) -> float:
         t0 = time.monotonic()
-        h = await be.create(spec.model_copy(update={"from_snapshot": snap.id}), base)
+        h = await be.create(spec.model_copy(update={"from_snapshot": which.id}), base)
         r = await h.exec(["cat", "/tmp/r"])
-        restore.append(time.monotonic() - t0)
+        dt = time.monotonic() - t0
         assert r.stdout == "ready\n"
         await h.destroy()
+        return dt
+
+    for _ in range(n):
+        naive.append(raw_restore(snap_stream, home, scratch))
+        raw_lazy.append(raw_restore(snap, home, scratch))
+        restore.append(await restore_first_exec(snap))
+        restore_stream.append(await restore_first_exec(snap_stream))
+
+    # guest code speed vs the TCG cache size: the same Python imports twice in a branch
+    for tb in (16, 32):
+        qemu_mod.TB_MB = tb
+        h = await be.create(spec.model_copy(update={"from_snapshot": snap.id}), base)
+        for i in range(2):
+            t0 = time.monotonic()
+            await h.exec(["python3", "-c", "import json, re, subprocess, tarfile"])
+            workload[f"tb{tb}_run{i + 1}_s"] = time.monotonic() - t0
+        workload[f"tb{tb}_pss_mib"] = overhead_mib(h.pid or 0, h.vm.memory_mb, "Pss")
+        await h.destroy()
+    qemu_mod.TB_MB = TB_MB
     for _ in range(max(1, n // 2)):
         t0 = time.monotonic()
         made = await be.restore_many(snap, 4, spec)
@@ -222,6 +256,8 @@ async def main_async(n: int) -> dict[str, Any]:
             await m.destroy()
     mem.append(overhead_mib(src.pid or 0, src.vm.memory_mb))
     await src.destroy()
+    for sn in (snap, snap_stream):
+        be.remove_snapshot(sn.id)
     shutil.rmtree(scratch, ignore_errors=True)
     be.cleanup_orphans()
     shutil.rmtree(home.root, ignore_errors=True)
@@ -241,7 +277,13 @@ async def main_async(n: int) -> dict[str, Any]:
         "cold_boot_ratio_p50": statistics.median(cold) / statistics.median(raw),
         "boot_snapshot_ratio_p50": statistics.median(warm) / statistics.median(raw),
         "restore_to_first_exec_s": stats(restore),
+        "restore_stream_layout_to_first_exec_s": stats(restore_stream),
         "naive_raw_restore_to_running_s": stats(naive),
+        "raw_lazy_restore_to_running_s": stats(raw_lazy),
+        "restore_ratio_to_naive_raw_p50": statistics.median(restore) / statistics.median(naive),
+        "snapshot_split_state_bytes": snap.memory_size,
+        "snapshot_stream_bytes": snap_stream.memory_size,
+        "guest_python_imports_s": workload,
         "fork4_total_s": stats(forks),
         "host_memory_beyond_guest_ram_mib": stats(mem),
         "host_memory_beyond_guest_ram_pss_mib": stats(pss),
