@@ -175,7 +175,7 @@ async def main_async(n: int) -> dict[str, Any]:
     kernel = ensure_kernel(assets)
     image = ensure_base_image(assets, base.digest, store.layer_dirs(base.digest))
     raw_initrd = home.tmp / "raw-initrd.cpio"
-    raw_initrd.write_bytes(_build(kernel, RAW_INIT))
+    raw_initrd.write_bytes(_build(kernel, RAW_INIT, b""))  # raw: no agent
     ensure_initramfs(assets, kernel)
     spec = SandboxSpec(baseline=base.digest, backend="microvm", limits=Limits(memory_mb=96))
     cold: list[float] = []
