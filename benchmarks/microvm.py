@@ -256,7 +256,7 @@ async def main_async(n: int) -> dict[str, Any]:
             await m.destroy()
     mem.append(overhead_mib(src.pid or 0, src.vm.memory_mb))
     await src.destroy()
-    for sn in (snap, snap_stream):
+    for sn in (snap_stream, snap):  # the later one stacks on the earlier
         be.remove_snapshot(sn.id)
     shutil.rmtree(scratch, ignore_errors=True)
     be.cleanup_orphans()
