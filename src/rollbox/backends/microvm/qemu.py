@@ -26,12 +26,12 @@ RUN_ROOT = Path("/run/rbx")
 AGENT_PORT = "rollbox.agent"
 RAM_ID = "microvm.ram"
 """QEMU's name for a microvm's RAM block (and our memory backend object)."""
-TB_MB = int(os.environ.get("ROLLBOX_MICROVM_TB_MB", "16"))
-"""TCG translation cache per VM (MiB), most of QEMU's own memory. 16 keeps a VM within
-40 MiB beyond guest RAM; with guest ASLR off (see TCG_APPEND) steady-state guest Python
-runs as fast as with 32, but a first run of a large program refills the cache more often
-(measured: first `import json,re,subprocess,tarfile` 2.3 s vs 1.4 s, later runs equal).
-Set 32 for code-heavy workloads; 8 is 3x slower."""
+TB_MB = int(os.environ.get("ROLLBOX_MICROVM_TB_MB", "32"))
+"""TCG translation cache per VM (MiB), the largest part of QEMU's own memory once the guest
+has run much code. Measured here (benchmarks/README.md): an idle restored VM uses ~37 MiB
+beyond guest RAM either way (only touched cache pages count); after a Python-heavy exec
+58 MiB with 32 vs 40 MiB with 16, but 16 runs that Python 1.9x slower and a boot-snapshot
+create 1.4x slower. 16 trades speed for density; 8 is 3x slower."""
 
 # TCG: the kernel's PIT calibration fails on a busy host (the vCPU thread is descheduled
 # mid-loop) and boot then hangs; give it the TSC and LAPIC timer rates instead of probing.
