@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -977,12 +978,13 @@ static int child_main(void *arg) {
         child_fail(s, ST_CHDIR, errno);
     }
     const char *file = s->argv[0];
+    /* s->failpath: the path being tried (on success the parent learns what ran) */
     if (strchr(file, '/')) {
-        execve(file, s->argv, s->envp);
         size_t n = strlen(file);
         if (n > PATH_MAX) n = PATH_MAX;
         memcpy(s->failpath, file, n);
         s->failpath[n] = '\0';
+        execve(file, s->argv, s->envp);
         child_fail(s, ST_EXEC, errno);
     }
     /* os._execvpe: the first error that is not ENOENT/ENOTDIR wins, else the last one */
@@ -1002,6 +1004,7 @@ static int child_main(void *arg) {
                 if (full[k - 1] != '/') full[k++] = '/';
             }
             memcpy(full + k, file, flen + 1);
+            memcpy(s->failpath, full, k + flen + 1);
             execve(full, s->argv, s->envp);
             last = errno;
             if (last != ENOENT && last != ENOTDIR && !saved) {
@@ -1255,6 +1258,92 @@ static int on_output(Exec *e, int fd, int kind) {
     return 1;
 }
 
+/* ------------------------------------------------------------------ warm set
+ *
+ * Memory snapshots are taken after dropping the guest's caches (a smaller image), but then
+ * the first command after a restore reads the dynamic loader, libc and its own binary back
+ * from the virtual disk, which under TCG costs more than the command itself. So quiesce
+ * keeps the pages of those files that were cached (mincore) and drops everything else. */
+
+#define NWARM 16
+static char warm_paths[NWARM][PATH_MAX];
+static int warm_next;
+static const char *const warm_fixed[] = {
+    "/etc/ld.so.cache", "/lib64/ld-linux-x86-64.so.2", "/lib/x86_64-linux-gnu/libc.so.6",
+    "/lib/ld-musl-x86_64.so.1", "/bin/sh",
+};
+
+/* Remember an executable that ran (a ring of the last NWARM distinct ones). */
+static void warm_note(const char *path) {
+    if (!*path || strlen(path) >= PATH_MAX) return;
+    for (int k = 0; k < NWARM; k++)
+        if (strcmp(warm_paths[k], path) == 0) return;
+    snprintf(warm_paths[warm_next], PATH_MAX, "%s", path);
+    warm_next = (warm_next + 1) % NWARM;
+}
+
+typedef struct {
+    int fd;
+    size_t pages;
+    unsigned char *vec;
+} Warm;
+
+/* Which pages of `path` are in the page cache now; fd -1 if none or not a file. */
+static Warm warm_scan(const char *path) {
+    Warm w = {-1, 0, NULL};
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0) return w;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+        close(fd);
+        return w;
+    }
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    size_t pages = ((size_t)st.st_size + pg - 1) / pg;
+    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    unsigned char *vec = malloc(pages);
+    if (map == MAP_FAILED || !vec || mincore(map, (size_t)st.st_size, vec) < 0) {
+        if (map != MAP_FAILED) munmap(map, (size_t)st.st_size);
+        free(vec);
+        close(fd);
+        return w;
+    }
+    munmap(map, (size_t)st.st_size);
+    w.fd = fd;
+    w.pages = pages;
+    w.vec = vec;
+    return w;
+}
+
+/* Read the recorded pages back in (no readahead beyond them). */
+static void warm_load(Warm *w) {
+    static char page[65536];
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    posix_fadvise(w->fd, 0, 0, POSIX_FADV_RANDOM);
+    for (size_t k = 0; k < w->pages; k++) {
+        if (!(w->vec[k] & 1)) continue;
+        size_t run = 1;
+        while (k + run < w->pages && (w->vec[k + run] & 1) && (run + 1) * pg <= sizeof page) run++;
+        if (pread(w->fd, page, run * pg, (off_t)(k * pg)) < 0) break;
+        k += run - 1;
+    }
+    close(w->fd);
+    free(w->vec);
+}
+
+/* drop_caches, except the pages of the warm set that were cached. */
+static void drop_caches_keep_warm(void) {
+    enum { NF = sizeof warm_fixed / sizeof warm_fixed[0] };
+    Warm ws[NF + NWARM];
+    size_t n = 0;
+    for (size_t k = 0; k < NF; k++) ws[n++] = warm_scan(warm_fixed[k]);
+    for (int k = 0; k < NWARM; k++)
+        if (warm_paths[k][0]) ws[n++] = warm_scan(warm_paths[k]);
+    write_text("/proc/sys/vm/drop_caches", "1");
+    for (size_t k = 0; k < n; k++)
+        if (ws[k].fd >= 0) warm_load(&ws[k]);
+}
+
 /* Start a command or tool. On success the Exec is linked into `execs`. */
 static Exec *exec_start(int64_t rid, int kind, char *const *argv, char *const *envp,
                         const char *path, const char *cwd, const User *u, int64_t nofile,
@@ -1318,6 +1407,7 @@ static Exec *exec_start(int64_t rid, int kind, char *const *argv, char *const *e
     set_nonblock(e->in_fd, 1);
     set_nonblock(e->out_fd, 1);
     set_nonblock(e->err_fd, 1);
+    if (s.stage == ST_OK && kind == K_EXEC) warm_note(s.failpath);
     if (s.stage != ST_OK) {
         Buf m = {0};
         buf_printf(&m, "%d ", s.err == ENOENT && s.stage != ST_RLIMIT && s.stage != ST_SETID
@@ -1707,7 +1797,7 @@ static void op_restored(int64_t rid, const JVal *req) {
 
 static void op_quiesce(int64_t rid, const JVal *req) {
     sync();
-    if (jtruthy(jget(req, "drop_caches")) && !test_mode) write_text("/proc/sys/vm/drop_caches", "3");
+    if (jtruthy(jget(req, "drop_caches")) && !test_mode) drop_caches_keep_warm();
     reply_ok(rid);
 }
 
