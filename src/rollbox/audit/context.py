@@ -14,19 +14,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollbox.backends.common import testnet
 from rollbox.config import Home
-from rollbox.errors import RollboxError
+from rollbox.errors import BackendError, RollboxError
 from rollbox.models import Limits, NetworkPolicy
 from rollbox.sandbox import AsyncSandbox
 
@@ -50,113 +48,43 @@ def token(label: str) -> str:
     return f"rbxaudit-{label}-{secrets.token_hex(8)}"
 
 
-_NETNS_SERVER = r"""
-import socket, sys, threading
-ports = [int(p) for p in sys.argv[1].split(",")]
-toks = sys.argv[2].split(",")
-def serve(port, tok):
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", port)); s.listen(64)
-    while True:
-        c, _ = s.accept()
-        try: c.sendall(tok.encode() + b"\n")
-        finally: c.close()
-for p, t in zip(ports, toks):
-    threading.Thread(target=serve, args=(p, t), daemon=True).start()
-print("ready", flush=True)
-threading.Event().wait()
-"""
-
-
-@dataclass
-class NetnsServer:
-    """A TCP server on two ports inside a network namespace the audit made."""
-
-    netns: str
-    host_if: str
-    host_ip: str
-    server_ip: str
-    ports: tuple[int, int]
-    tokens: tuple[str, str]
-    proc: subprocess.Popen[bytes] | None = None
+class NetnsServer(testnet.NetnsServer):
+    """The audit's server in a network namespace it made: two random high ports, each
+    answering its own fresh token."""
 
     @classmethod
-    def start(cls, tag: str) -> NetnsServer:
-        """Create the namespace, the veth pair and the server.
+    def for_audit(cls, tag: str) -> NetnsServer:
+        """Start it (names carry the home's tag).
 
         Raises:
             ProbeError: a step failed (everything made so far is removed).
         """
-        rnd = secrets.token_hex(1)
-        name = f"rba{tag}{rnd}"
-        octet = secrets.randbelow(256)
-        second = 18 + secrets.randbelow(2)
-        base = f"198.{second}.{octet}"
-        srv = cls(
-            netns=name,
-            host_if=f"{name}h",
-            host_ip=f"{base}.1",
-            server_ip=f"{base}.2",
-            ports=(20000 + secrets.randbelow(20000), 40000 + secrets.randbelow(20000)),
-            tokens=(token("netns-allowed"), token("netns-other")),
-        )
-        ns_if = f"{name}n"
-        steps = [
-            ["ip", "netns", "add", name],
-            ["ip", "link", "add", srv.host_if, "type", "veth", "peer", "name", ns_if],
-            ["ip", "link", "set", ns_if, "netns", name],
-            ["ip", "addr", "add", f"{srv.host_ip}/30", "dev", srv.host_if],
-            ["ip", "link", "set", srv.host_if, "up"],
-            ["ip", "-n", name, "addr", "add", f"{srv.server_ip}/30", "dev", ns_if],
-            ["ip", "-n", name, "link", "set", ns_if, "up"],
-            ["ip", "-n", name, "link", "set", "lo", "up"],
-            ["ip", "-n", name, "route", "add", "default", "via", srv.host_ip],
-        ]
+        name = f"rba{tag}{secrets.token_hex(1)}"
+        ports = (20000 + secrets.randbelow(20000), 40000 + secrets.randbelow(20000))
+        replies = dict(zip(ports, (token("netns-allowed"), token("netns-other")), strict=True))
         try:
-            for argv in steps:
-                r = subprocess.run(argv, capture_output=True, text=True, check=False)
-                if r.returncode != 0:
-                    raise ProbeError(f"{' '.join(argv)}: {r.stderr.strip()}")
-            srv.proc = subprocess.Popen(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    name,
-                    sys.executable,
-                    "-c",
-                    _NETNS_SERVER,
-                    f"{srv.ports[0]},{srv.ports[1]}",
-                    ",".join(srv.tokens),
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            assert srv.proc.stdout is not None
-            if srv.proc.stdout.readline().strip() != b"ready":
-                raise ProbeError("netns server did not start")
-        except BaseException:
-            srv.stop()
-            raise
+            srv = cls.start(name, f"{name}h", replies)
+        except BackendError as exc:
+            raise ProbeError(str(exc)) from None
+        assert isinstance(srv, NetnsServer)
         return srv
+
+    @property
+    def ports(self) -> tuple[int, int]:
+        """The allowed port, then the other one."""
+        a, b = self.replies
+        return a, b
+
+    @property
+    def tokens(self) -> tuple[str, str]:
+        """What each port answers."""
+        a, b = self.replies.values()
+        return a, b
 
     def host_can_reach(self, port: int) -> str | None:
         """Connect from the host (sanity check that the server works); the token or None."""
-        try:
-            with socket.create_connection((self.server_ip, port), timeout=3) as c:
-                return c.recv(200).decode().strip()
-        except OSError:
-            return None
-
-    def stop(self) -> None:
-        """Kill the server, remove the veth pair and the namespace (idempotent)."""
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True, check=False)
-        subprocess.run(["ip", "netns", "del", self.netns], capture_output=True, check=False)
+        reply = self.connect_from(None, port, timeout=3)
+        return None if not reply or reply.startswith("blocked") else reply
 
 
 @dataclass
@@ -333,7 +261,7 @@ class AuditContext:
         usrv = await asyncio.start_unix_server(handle_unix, sock=usock)
         self._servers.append(usrv)
         try:
-            self.netns = await asyncio.to_thread(NetnsServer.start, self.home.tag[:8])
+            self.netns = await asyncio.to_thread(NetnsServer.for_audit, self.home.tag[:8])
             self.own_resources += [
                 f"/run/netns/{self.netns.netns}",
                 f"/sys/class/net/{self.netns.host_if}",

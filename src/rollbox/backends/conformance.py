@@ -22,13 +22,12 @@ import hashlib
 import os
 import socket
 import stat
-import subprocess
-import sys
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from rollbox.backends.base import Backend, SandboxHandle
+from rollbox.backends.common.testnet import CLIENT, netns_server
 from rollbox.config import Home
 from rollbox.errors import (
     ExecTimeoutError,
@@ -359,65 +358,6 @@ async def timeout_no_survivors(t: Harness) -> None:
     check(not any(f"sleep 30{i}" in r.stdout for i in (1, 2, 3)), f"survivors: {r.stdout}")
 
 
-_SERVER = (
-    "import socket,sys\n"
-    "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-    "s.bind((sys.argv[1], 18280)); s.listen(8); print('ready', flush=True)\n"
-    "while True:\n"
-    "    c, _ = s.accept(); c.sendall(b'hello'); c.close()\n"
-)
-
-_CLIENT = (
-    "import socket,sys\n"
-    "try:\n"
-    "    c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)\n"
-    "    print(c.recv(16).decode())\n"
-    "except OSError as e:\n"
-    "    print('blocked', e)\n"
-)
-
-
-@contextlib.contextmanager
-def netns_server() -> Iterator[str]:
-    """A TCP server (port 18280) in a network namespace made here, joined to the host by a
-    veth pair on a random /30 of 198.18.0.0/15 (benchmarking range, routed nowhere);
-    yields its address. Everything is removed on exit."""
-    tag = uuid.uuid4().hex[:8]
-    ns, host_if = f"rbxc-{tag}", f"c{tag}"
-    block = int.from_bytes(os.urandom(2), "big") % (1 << 15)
-    base = (198 << 24) | (18 << 16) | (block << 2)
-    gw, ip = (".".join(str((a >> s) & 255) for s in (24, 16, 8, 0)) for a in (base + 1, base + 2))
-    cmds = [
-        ["ip", "netns", "add", ns],
-        ["ip", "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns],
-        ["ip", "addr", "add", f"{gw}/30", "dev", host_if],
-        ["ip", "link", "set", host_if, "up"],
-        ["ip", "-n", ns, "addr", "add", f"{ip}/30", "dev", "eth0"],
-        ["ip", "-n", ns, "link", "set", "eth0", "up"],
-        ["ip", "-n", ns, "link", "set", "lo", "up"],
-    ]
-    proc = None
-    try:
-        for c in cmds:
-            subprocess.run(c, check=True, capture_output=True)
-        proc = subprocess.Popen(
-            ["ip", "netns", "exec", ns, sys.executable, "-c", _SERVER, ip],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert proc.stdout is not None
-        check(proc.stdout.readline().strip() == "ready", "test server did not start")
-        yield ip
-    finally:
-        if proc is not None:
-            proc.kill()
-            proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
-
-
 async def network_none(t: Harness) -> None:
     """With network ``none`` only ``lo`` exists, there is no route, and neither a server in
     a network namespace made by this check (reachable from the host) nor a server on the
@@ -432,18 +372,13 @@ async def network_none(t: Harness) -> None:
         check([i.strip() for i in ifaces] == ["lo"], f"interfaces inside: {ifaces}")
         routes = (await sh(h, "tail -n +2 /proc/net/route")).strip()
         check(routes == "", f"routes inside: {routes}")
-        r = await h.exec(["python3", "-c", _CLIENT, "127.0.0.1", str(port)], timeout=20)
+        r = await h.exec(["python3", "-c", CLIENT, "127.0.0.1", str(port), "2"], timeout=20)
         check(r.stdout.startswith("blocked"), f"host loopback reachable: {r.stdout}")
-        with netns_server() as ip:
-            host = subprocess.run(
-                [sys.executable, "-c", _CLIENT, ip, "18280"],
-                capture_output=True,
-                text=True,
-                timeout=20,
-                check=False,
-            )
-            check(host.stdout.strip() == "hello", f"test server unreachable from host: {host}")
-            r = await h.exec(["python3", "-c", _CLIENT, ip, "18280"], timeout=20)
+        tag = uuid.uuid4().hex[:8]
+        with netns_server(f"rbxc-{tag}", f"c{tag}", [18280]) as server:
+            host = server.connect_from(None, 18280)
+            check(host == "hello 18280", f"test server unreachable from host: {host}")
+            r = await h.exec(["python3", "-c", CLIENT, server.server_ip, "18280", "2"], timeout=20)
             check(r.stdout.startswith("blocked"), f"server reachable from inside: {r.stdout}")
     finally:
         srv.close()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from rollbox.backends.common.testnet import CLIENT, netns_server
 from rollbox.backends.gvisor import GVisorBackend
 from rollbox.backends.gvisor.backend import runsc_root
 from rollbox.config import Home
@@ -98,68 +99,21 @@ def test_memory_snapshot_refused(gvisor: GVisorBackend, gv_baseline: BaselineInf
     assert not gvisor.capabilities.memory_snapshot
 
 
-SERVER = textwrap.dedent(
-    """
-    import socket, sys, threading
-    def serve(port):
-        s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("0.0.0.0", port)); s.listen(8)
-        while True:
-            c, _ = s.accept(); c.sendall(b"hello %d" % port); c.close()
-    for p in sys.argv[1:]:
-        threading.Thread(target=serve, args=(int(p),), daemon=True).start()
-    print("ready", flush=True)
-    threading.Event().wait()
-    """
-)
-
-CLIENT = (
-    "import socket,sys\n"
-    "try:\n"
-    "    c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)\n"
-    "    print(c.recv(64).decode())\n"
-    "except OSError as e:\n"
-    "    print('blocked', type(e).__name__)\n"
-)
-
-
 def test_allow_list_network(
     gvisor: GVisorBackend, gv_baseline: BaselineInfo, gv_home: Home
 ) -> None:
     """A server in a netns this test made: the allowed port answers, another does not."""
-    from rollbox.backends.common import network
-
-    ns, host_if = f"rbxt-{gv_home.tag}", f"t{gv_home.tag}srv"
-    subnet = network._pick_subnet(ns)
-    gw, ip = (str(x) for x in subnet.hosts())
-    cmds = [
-        ["ip", "netns", "add", ns],
-        ["ip", "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns],
-        ["ip", "addr", "add", f"{gw}/30", "dev", host_if],
-        ["ip", "link", "set", host_if, "up"],
-        ["ip", "-n", ns, "addr", "add", f"{ip}/30", "dev", "eth0"],
-        ["ip", "-n", ns, "link", "set", "eth0", "up"],
-        ["ip", "-n", ns, "route", "add", "default", "via", gw],
-    ]
-    server = None
     before = HostState.capture(gv_home.sandboxes)
-    try:
-        for c in cmds:
-            subprocess.run(c, check=True, capture_output=True)
-        server = subprocess.Popen(
-            ["ip", "netns", "exec", ns, sys.executable, "-c", SERVER, "18090", "18091"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+    with netns_server(f"rbxt-{gv_home.tag}", f"t{gv_home.tag}srv", [18090, 18091]) as srv:
+        ip = srv.server_ip
 
         async def go() -> None:
             policy = NetworkPolicy(mode="allow", allow=[HostPort(host=ip, port=18090)])
             h = await gvisor.create(_spec(gv_baseline, network=policy), gv_baseline)
             try:
-                r = await h.exec(["python3", "-c", CLIENT, ip, "18090"], timeout=30)
+                r = await h.exec(["python3", "-c", CLIENT, ip, "18090", "2"], timeout=30)
                 assert r.stdout.strip() == "hello 18090", r
-                r = await h.exec(["python3", "-c", CLIENT, ip, "18091"], timeout=30)
+                r = await h.exec(["python3", "-c", CLIENT, ip, "18091", "2"], timeout=30)
                 assert r.stdout.startswith("blocked"), r
                 # Nor is the host itself (the sandbox's gateway), even with a listener there.
                 net = h.info.extra["net"]
@@ -168,26 +122,21 @@ def test_allow_list_network(
                     lsn.bind((str(net["host_ip"]), 18092))
                     lsn.listen(1)
                     r = await h.exec(
-                        ["python3", "-c", CLIENT, str(net["host_ip"]), "18092"], timeout=30
+                        ["python3", "-c", CLIENT, str(net["host_ip"]), "18092", "2"], timeout=30
                     )
                     assert r.stdout.startswith("blocked"), r
             finally:
                 await h.destroy()
 
         asyncio.run(go())
-    finally:
-        if server is not None:
-            server.kill()
-            server.wait()
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
     assert _mine(gv_home, before, HostState.capture(gv_home.sandboxes)) == {}
 
 
 OWNER = textwrap.dedent(
     """
     import asyncio, sys
-    from rollbox.backends.gvisor import GVisorBackend
+    from rollbox.backends.common.testnet import CLIENT, netns_server
+from rollbox.backends.gvisor import GVisorBackend
     from rollbox.baselines.store import BaselineStore
     from rollbox.config import Home
     from rollbox.models import SandboxSpec
