@@ -35,6 +35,7 @@ from rollbox.backends.agent.build import agent_binary
 from rollbox.backends.agent.client import AgentClient, short_unix_path
 from rollbox.backends.agent.protocol import ExecRequest
 from rollbox.backends.base import Backend, OutputCallback, SandboxHandle, command_argv
+from rollbox.backends.common.bundle import DEFAULT_CAPS
 from rollbox.backends.common.cgroups import Cgroup, remove_orphan_cgroups
 from rollbox.backends.common.rootfs import Rootfs, remove_orphan_mounts, remove_sandbox_dir
 from rollbox.backends.namespace import teardown
@@ -67,22 +68,8 @@ from rollbox.models import BaselineInfo, Capabilities, ExecResult, SandboxInfo, 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RUN_TMPFS_BYTES = 16 << 20
 # Docker's default capability set without CAP_MKNOD (no device nodes in the rootfs, so the
-# host never opens a device through a sandbox path).
-CAPS = [
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FSETID",
-    "CAP_FOWNER",
-    "CAP_NET_RAW",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETFCAP",
-    "CAP_SETPCAP",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_SYS_CHROOT",
-    "CAP_KILL",
-    "CAP_AUDIT_WRITE",
-]
+# host never opens a device through a sandbox path); the same set the gVisor bundle gets.
+CAPS = DEFAULT_CAPS
 
 
 _PREPARED: dict[Path, tuple[Path, Path]] = {}
