@@ -25,7 +25,6 @@ import os
 import platform
 import shutil
 import stat
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from _stats import stats_ms  # benchmarks/_stats.py (scripts run from benchmarks/)
 from rollbox.baselines.builders.bootstrap import DEFAULT_NAMES, DEFAULT_RECIPE, bootstrap
 from rollbox.baselines.builders.buildah import BASE_REPO, build
 from rollbox.baselines.refs import hex_of
@@ -53,14 +53,7 @@ RUN echo built > built.txt && python3 -c 'print(6*7)' > answer.txt
 
 def stats(xs: list[float]) -> dict[str, float]:
     """Median, p99 (nearest rank) and mean in milliseconds."""
-    s = sorted(xs)
-    p99 = s[min(len(s) - 1, max(0, round(0.99 * len(s)) - 1))]
-    return {
-        "p50_ms": round(statistics.median(s) * 1000, 2),
-        "p99_ms": round(p99 * 1000, 2),
-        "mean_ms": round(statistics.fmean(s) * 1000, 2),
-        "n": len(s),
-    }
+    return stats_ms(xs)
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -17,13 +17,13 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from _stats import stats_ms  # benchmarks/_stats.py (scripts run from benchmarks/)
 from rollbox.backends.common.bundle import oci_config, write_bundle
 from rollbox.backends.common.rootfs import Rootfs, remove_sandbox_dir
 from rollbox.baselines.store import BaselineStore
@@ -36,14 +36,7 @@ RESULTS = Path(__file__).with_name("results") / "gvisor.json"
 
 def stats(xs: list[float]) -> dict[str, float]:
     """Median, p99 (nearest rank) and mean in milliseconds."""
-    s = sorted(xs)
-    p99 = s[min(len(s) - 1, max(0, round(0.99 * len(s)) - 1))]
-    return {
-        "p50_ms": round(statistics.median(s) * 1000, 2),
-        "p99_ms": round(p99 * 1000, 2),
-        "mean_ms": round(statistics.fmean(s) * 1000, 2),
-        "n": len(s),
-    }
+    return stats_ms(xs)
 
 
 def raw_runsc_once(work: Path, layers: list[Path], i: int) -> float:

@@ -22,13 +22,13 @@ import asyncio
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from _stats import stats_ms  # benchmarks/_stats.py (scripts run from benchmarks/)
 from rollbox.backends.base import SandboxHandle
 from rollbox.backends.namespace import NamespaceBackend
 from rollbox.baselines.store import BaselineStore
@@ -41,14 +41,7 @@ DEV_TAR = Path("/var/tmp/rollbox-dev/rootfs.tar")
 
 def stats(xs: list[float]) -> dict[str, float]:
     """Median, p99 (nearest rank) and mean in milliseconds."""
-    s = sorted(xs)
-    p99 = s[min(len(s) - 1, max(0, round(0.99 * len(s)) - 1))]
-    return {
-        "p50_ms": round(statistics.median(s) * 1000, 2),
-        "p99_ms": round(p99 * 1000, 2),
-        "mean_ms": round(statistics.fmean(s) * 1000, 2),
-        "n": len(s),
-    }
+    return stats_ms(xs)
 
 
 def baseline(store: BaselineStore, name: str, build: callable) -> BaselineInfo:  # type: ignore[valid-type]

@@ -19,12 +19,13 @@ import json
 import os
 import platform
 import sqlite3
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _stats import stats_ms  # benchmarks/_stats.py (scripts run from benchmarks/)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -46,14 +47,7 @@ UPSERT = (
 
 def stats(xs: list[float]) -> dict[str, float]:
     """Median, p99 (nearest rank) and mean in milliseconds."""
-    s = sorted(xs)
-    p99 = s[min(len(s) - 1, max(0, round(0.99 * len(s)) - 1))]
-    return {
-        "p50_ms": round(statistics.median(s) * 1000, 3),
-        "p99_ms": round(p99 * 1000, 3),
-        "mean_ms": round(statistics.fmean(s) * 1000, 3),
-        "n": len(s),
-    }
+    return stats_ms(xs, 3)
 
 
 def side_by_side(raw: list[float], ours: list[float]) -> dict[str, Any]:
