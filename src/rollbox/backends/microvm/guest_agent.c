@@ -28,6 +28,7 @@
 #include <limits.h>
 #include <linux/openat2.h>
 #include <linux/random.h>
+#include <linux/sched.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -1021,17 +1022,71 @@ static int child_main(void *arg) {
     return 127;
 }
 
-/* Start a child; its pid, or -1 with errno. Failures after the clone are in s->stage. */
-static pid_t spawn(Spawn *s) {
+/* clone3(CLONE_VM|CLONE_VFORK|CLONE_INTO_CGROUP): the child starts in its cgroup, which
+ * measured ~2 ms cheaper per exec under TCG than writing cgroup.procs from the child (a
+ * migration). The child runs on child_stack and finds its Spawn in spawn_arg. */
+static Spawn *spawn_arg;
+
+__attribute__((noreturn, used, noinline)) void rbx_clone3_child(void) {
+    child_main(spawn_arg);
+    _exit(127);
+}
+
+static long clone3_vfork(struct clone_args *ca) {
+    long ret;
+#if defined(__x86_64__)
+    __asm__ volatile("syscall\n\t"
+                     "test %%rax, %%rax\n\t"
+                     "jnz 1f\n\t"
+                     "xor %%ebp, %%ebp\n\t" /* the child: fresh stack, never returns */
+                     "and $-16, %%rsp\n\t"
+                     "call rbx_clone3_child\n\t"
+                     "hlt\n"
+                     "1:"
+                     : "=a"(ret)
+                     : "a"((long)SYS_clone3), "D"(ca), "S"(sizeof *ca)
+                     : "rcx", "r11", "memory");
+#else
+    (void)ca;
+    ret = -ENOSYS;
+#endif
+    return ret;
+}
+
+/* Start a child; its pid, or -1 with errno. Failures after the clone are in s->stage.
+ * cg_dir (an O_PATH fd of the child's cgroup, or -1) is used by clone3; when clone3 is
+ * unavailable the child writes s->cg_fd (cgroup.procs) itself. */
+static pid_t spawn(Spawn *s, int cg_dir) {
+    static int no_clone3;
     sigset_t all, old;
     sigfillset(&all);
     /* no handler may run in the child while it borrows our memory */
     sigprocmask(SIG_SETMASK, &all, &old);
     s->stage = ST_OK;
     s->err = 0;
-    pid_t pid = clone(child_main, child_stack + sizeof child_stack,
-                      CLONE_VM | CLONE_VFORK | SIGCHLD, s);
-    int e = errno;
+    pid_t pid = -1;
+    int e = 0;
+    if (cg_dir >= 0 && !no_clone3) {
+        struct clone_args ca;
+        memset(&ca, 0, sizeof ca);
+        ca.flags = CLONE_VM | CLONE_VFORK | CLONE_INTO_CGROUP;
+        ca.exit_signal = SIGCHLD;
+        ca.stack = (uint64_t)(uintptr_t)child_stack;
+        ca.stack_size = sizeof child_stack;
+        ca.cgroup = (uint64_t)cg_dir;
+        int cg_fd = s->cg_fd;
+        s->cg_fd = -1; /* already in the cgroup */
+        spawn_arg = s;
+        long r = clone3_vfork(&ca);
+        s->cg_fd = cg_fd;
+        if (r >= 0) pid = (pid_t)r;
+        else if (r == -ENOSYS || r == -E2BIG || r == -EINVAL) no_clone3 = 1;
+    }
+    if (pid < 0) {
+        pid = clone(child_main, child_stack + sizeof child_stack,
+                    CLONE_VM | CLONE_VFORK | SIGCHLD, s);
+        e = errno;
+    }
     sigprocmask(SIG_SETMASK, &old, NULL);
     errno = e;
     return pid;
@@ -1355,13 +1410,15 @@ static Exec *exec_start(int64_t rid, int kind, char *const *argv, char *const *e
     e->cap = cap;
     e->in_fd = e->out_fd = e->err_fd = -1;
     e->deadline = timeout > 0 ? mono() + timeout : 0;
-    int cg_fd = -1;
+    int cg_fd = -1, cg_dir = -1;
     if (want_cgroup && cgroups_ok) {
         snprintf(e->cg, sizeof e->cg, "%s/e%lld-%d-%lld", WORKLOAD, (long long)rid, getpid(),
                  (long long)mono_ns());
-        char procs[PATH_MAX];
-        snprintf(procs, sizeof procs, "%s/cgroup.procs", e->cg);
-        if (mkdir(e->cg, 0755) < 0 || (cg_fd = open(procs, O_WRONLY | O_CLOEXEC)) < 0) {
+        if (mkdir(e->cg, 0755) < 0 ||
+            (cg_dir = open(e->cg, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0 ||
+            (cg_fd = openat(cg_dir, "cgroup.procs", O_WRONLY | O_CLOEXEC)) < 0) {
+            if (cg_dir >= 0) close(cg_dir);
+            cg_dir = -1;
             rmdir(e->cg);
             e->cg[0] = '\0';
         }
@@ -1388,7 +1445,7 @@ static Exec *exec_start(int64_t rid, int kind, char *const *argv, char *const *e
         s.groups = u->groups;
         s.ngroups = u->ngroups;
     }
-    pid_t pid = spawn(&s);
+    pid_t pid = spawn(&s, cg_dir);
     if (pid < 0) {
         int err = errno;
         close(er[0]);
@@ -1401,6 +1458,7 @@ static Exec *exec_start(int64_t rid, int kind, char *const *argv, char *const *e
     close(o[1]);
     close(er[1]);
     if (cg_fd >= 0) close(cg_fd);
+    if (cg_dir >= 0) close(cg_dir);
     e->in_fd = in[1];
     e->out_fd = o[0];
     e->err_fd = er[0];
@@ -1427,6 +1485,7 @@ fail1:
     close(in[1]);
 fail0:
     if (cg_fd >= 0) close(cg_fd);
+    if (cg_dir >= 0) close(cg_dir);
     if (e->cg[0]) rmdir(e->cg);
     free(e);
     return NULL;
