@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -141,6 +142,31 @@ def test_malformed_requests_get_an_error_and_the_agent_keeps_serving(
     reply = json.loads(agent.frames(77)[-1][1])
     assert reply["id"] == 77 and reply["error"]["type"] == "agent"
     assert agent.call(id=78, op="ping") == {"id": 78}
+    assert agent.proc.poll() is None
+
+
+def test_mutated_requests_never_take_the_agent_down(agent: Agent) -> None:
+    rng = random.Random(1234)
+    bases = [
+        {"id": 40, "op": "ping"},
+        {"id": 41, "op": "hello", "nonce": ["\u00e9\ud83d\ude00", 1.5, {"k": None}]},
+        {"id": 42, "op": "stat", "path": "/nonexistent/rbx"},
+        {"id": 43, "op": "exec", "argv": ["true"], "env": ENV, "timeout": 5},
+    ]
+    alphabet = b'{}[]",:\\u0123456789abcdefnulltrue-+.eE \x00\xff\xc3\xa9'
+    for _ in range(400):
+        data = bytearray(json.dumps(rng.choice(bases)).encode())
+        for _ in range(rng.randint(1, 4)):
+            pos = rng.randrange(len(data) + 1)
+            action = rng.random()
+            if action < 0.4 and pos < len(data):
+                data[pos] = rng.choice(alphabet)
+            elif action < 0.7:
+                data.insert(pos, rng.choice(alphabet))
+            elif pos < len(data):
+                del data[pos]
+        agent.send(frame(T_JSON, 40, bytes(data)))
+    assert agent.call(id=999, op="ping") == {"id": 999}
     assert agent.proc.poll() is None
 
 

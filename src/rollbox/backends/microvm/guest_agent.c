@@ -1556,14 +1556,15 @@ static void check_exec(Exec *e) {
         exec_kill(e);
     }
     if (!e->reaped) return;
-    /* take what is left in the pipes, do not wait for daemons */
-    while (e->out_fd >= 0) {
+    /* take what is left in the pipes, do not wait for daemons (nor read a chatty one's
+     * output forever: a pipe holds 64 KiB, so 64 reads are plenty) */
+    for (int n = 0; e->out_fd >= 0; n++) {
         int r = on_output(e, e->out_fd, T_OUT);
-        if (r == 0 || r == 2) close_fd(&e->out_fd);
+        if (r == 0 || r == 2 || n >= 64) close_fd(&e->out_fd);
     }
-    while (e->err_fd >= 0) {
+    for (int n = 0; e->err_fd >= 0; n++) {
         int r = on_output(e, e->err_fd, T_ERR);
-        if (r == 0 || r == 2) close_fd(&e->err_fd);
+        if (r == 0 || r == 2 || n >= 64) close_fd(&e->err_fd);
     }
     close_fd(&e->in_fd);
     if (e->timed_out) exec_kill(e);
