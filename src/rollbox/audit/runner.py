@@ -7,7 +7,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from rollbox.audit import (  # noqa: F401  (importing registers the probes)
+from rollbox.audit import (  # importing registers the probes
     probes_isolation,
     probes_kernel,
     probes_network,
@@ -26,9 +26,21 @@ from rollbox.pilot.hostscope import capture, scoped_leaks
 Progress = Callable[[ProbeResult], None]
 
 
+_MODULES = [
+    m.__name__
+    for m in (probes_isolation, probes_kernel, probes_network, probes_residue, probes_store)
+]
+
+
+def ordered() -> list[Probe]:
+    """Every probe in run order: by module as listed above, then as defined in it (the
+    registry's own order follows whichever module was imported first)."""
+    return sorted(PROBES, key=lambda p: _MODULES.index(p.fn.__module__))
+
+
 def probe_names() -> list[str]:
     """Every probe's name, in run order."""
-    return [p.name for p in PROBES]
+    return [p.name for p in ordered()]
 
 
 def select(only: list[str] | None, skip: list[str] | None) -> list[Probe]:
@@ -41,7 +53,7 @@ def select(only: list[str] | None, skip: list[str] | None) -> list[Probe]:
     for n in (only or []) + (skip or []):
         if n not in names:
             raise InvalidInputError(f"unknown probe {n!r}", hint="see 'rollbox audit --list'")
-    return [p for p in PROBES if (not only or p.name in only) and p.name not in (skip or [])]
+    return [p for p in ordered() if (not only or p.name in only) and p.name not in (skip or [])]
 
 
 async def _run_probe(ctx: AuditContext, p: Probe, timeout: float) -> ProbeResult:
@@ -105,7 +117,7 @@ async def run_audit(
             await ctx.detect_kernel()
         except (RollboxError, OSError) as exc:
             ctx.kernel = {"shared": True, "error": f"{type(exc).__name__}: {exc}"}
-        for p in probes if probes is not None else PROBES:
+        for p in probes if probes is not None else ordered():
             timeout = 120.0 + (ctx.cycles * 2.0 if p.name == "residue-cycles" else 0.0)
             res = await _run_probe(ctx, p, timeout)
             results.append(res)
