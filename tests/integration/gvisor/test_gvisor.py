@@ -135,8 +135,7 @@ def test_allow_list_network(
 OWNER = textwrap.dedent(
     """
     import asyncio, sys
-    from rollbox.backends.common.testnet import CLIENT, netns_server
-from rollbox.backends.gvisor import GVisorBackend
+    from rollbox.backends.gvisor import GVisorBackend
     from rollbox.baselines.store import BaselineStore
     from rollbox.config import Home
     from rollbox.models import SandboxSpec
