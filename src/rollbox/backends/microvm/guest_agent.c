@@ -2256,10 +2256,15 @@ static void step(void) {
     struct pollfd fds[3 + 3 * 256];
     nfds_t nf = 0;
     int port_idx = -1;
+    /* an upload's tar goes to the helper's stdin: stop reading the port while it is
+     * behind, so the host waits instead of the guest buffering the whole tar in RAM */
+    int backlog = 0;
+    for (Exec *e = execs; e; e = e->next)
+        backlog |= e->kind == K_TOOL_IN && buf_size(&e->stdin_buf) > (4u << 20);
     if (connected) {
         port_idx = (int)nf;
         fds[nf].fd = port;
-        fds[nf].events = POLLIN | (buf_size(&out) ? POLLOUT : 0);
+        fds[nf].events = (backlog ? 0 : POLLIN) | (buf_size(&out) ? POLLOUT : 0);
         nf++;
     }
     double deadline = 0;
@@ -2308,7 +2313,8 @@ static void step(void) {
     got_signal = 0;
     reap();
     if ((port_idx >= 0 && (fds[port_idx].revents & POLLOUT)) || buf_size(&out)) flush_out();
-    if ((port_idx >= 0 && fds[port_idx].revents) || !connected) read_port();
+    if ((port_idx >= 0 && (fds[port_idx].revents & ~POLLOUT) && !backlog) || !connected)
+        read_port();
     Exec *next;
     for (Exec *e = execs; e; e = next) {
         next = e->next;
