@@ -825,7 +825,7 @@ static int all_digits(const char *s) {
 static int find_passwd(const char *name, int by_uid, unsigned long uid, User *u) {
     FILE *f = fopen("/etc/passwd", "re");
     if (!f) return 0;
-    char line[1024];
+    char line[4096];
     int found = 0;
     while (fgets(line, sizeof line, f)) {
         char nm[256], su[32], sg[32];
@@ -891,6 +891,9 @@ static int resolve_user(const char *spec, User *u, char *msg, size_t msgsz) {
         u->groups[0] = u->gid; /* os.getgrouplist: the primary group first */
         u->ngroups = 1;
         scan_groups(NULL, NULL, u);
+    } else if (strcmp(name, "root") == 0) {
+        /* a minimal rootfs may have no /etc/passwd: root is root (as on the other backends) */
+        snprintf(u->home, sizeof u->home, "/root");
     } else {
         if (!numeric) {
             snprintf(msg, msgsz, "no user '%s' inside the sandbox", name);
