@@ -1163,7 +1163,10 @@ static Write *writes;
 static Send *sends;
 static volatile sig_atomic_t got_signal;
 static int test_mode; /* --fd: on the host, so never touch host-wide state */
-static int cgroups_ok; /* the guest's cgroup2 tree is set up (never in --fd test mode) */
+static int cgroups_ok;
+static char spare_cg[160]; /* see make_spare() */ /* the guest's cgroup2 tree is set up (never in --fd test mode) */
+
+static void flush_out(void);
 
 static void on_signal(int sig) {
     (void)sig;
@@ -1415,9 +1418,14 @@ static Exec *exec_start(int64_t rid, int kind, char *const *argv, char *const *e
     e->deadline = timeout > 0 ? mono() + timeout : 0;
     int cg_fd = -1, cg_dir = -1;
     if (want_cgroup && cgroups_ok) {
-        snprintf(e->cg, sizeof e->cg, "%s/e%lld-%d-%lld", WORKLOAD, (long long)rid, getpid(),
-                 (long long)mono_ns());
-        if (mkdir(e->cg, 0755) < 0 ||
+        int fresh = !spare_cg[0];
+        if (fresh)
+            snprintf(e->cg, sizeof e->cg, "%s/e%lld-%d-%lld", WORKLOAD, (long long)rid,
+                     getpid(), (long long)mono_ns());
+        else
+            memcpy(e->cg, spare_cg, sizeof e->cg);
+        spare_cg[0] = '\0';
+        if ((fresh && mkdir(e->cg, 0755) < 0) ||
             (cg_dir = open(e->cg, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0 ||
             (cg_fd = openat(cg_dir, "cgroup.procs", O_WRONLY | O_CLOEXEC)) < 0) {
             if (cg_dir >= 0) close(cg_dir);
@@ -1494,6 +1502,15 @@ fail0:
     return NULL;
 }
 
+/* One per-exec cgroup made ahead of time, off the exec's critical path (creating a memory
+ * cgroup is the costliest step of a spawn, and cold right after a restore). */
+static void make_spare(void) {
+    if (!cgroups_ok || spare_cg[0]) return;
+    char p[sizeof spare_cg];
+    snprintf(p, sizeof p, "%s/e-%lld", WORKLOAD, (long long)mono_ns());
+    if (mkdir(p, 0755) == 0) memcpy(spare_cg, p, sizeof p);
+}
+
 static void sweep_cgroups(void) {
     if (!cgroups_ok) return;
     DIR *d = opendir(WORKLOAD);
@@ -1503,7 +1520,7 @@ static void sweep_cgroups(void) {
         if (de->d_name[0] != 'e' || de->d_type != DT_DIR) continue;
         char p[PATH_MAX];
         snprintf(p, sizeof p, "%s/%s", WORKLOAD, de->d_name);
-        int live = 0;
+        int live = strcmp(spare_cg, p) == 0;
         for (Exec *e = execs; e; e = e->next) live |= strcmp(e->cg, p) == 0;
         if (!live) rmdir(p);
     }
@@ -1590,6 +1607,7 @@ static void check_exec(Exec *e) {
     jo_bool(&o, "oom_killed", exec_oom_killed(e));
     jo_bool(&o, "truncated", e->truncated);
     jo_send(&o);
+    if (connected) flush_out(); /* the reply first; the cgroup housekeeping can wait */
     char cg[sizeof e->cg];
     memcpy(cg, e->cg, sizeof cg);
     exec_free(e);
@@ -1859,6 +1877,7 @@ static void op_restored(int64_t rid, const JVal *req) {
 }
 
 static void op_quiesce(int64_t rid, const JVal *req) {
+    make_spare(); /* in the snapshot: the first exec after a restore needs no mkdir */
     sync();
     if (jtruthy(jget(req, "drop_caches")) && !test_mode) drop_caches_keep_warm();
     reply_ok(rid);
@@ -2253,6 +2272,7 @@ static void setup_cgroups(void) {
         fprintf(stderr, "rollbox-agent: cgroups unavailable: %s\n", strerror(errno));
     else
         cgroups_ok = 1;
+    make_spare();
 }
 
 static void step(void) {
@@ -2301,6 +2321,11 @@ static void step(void) {
     if (!connected) /* host absent: a read returns EOF at once, so wait for SIGIO (or poll slowly) */
         timeout = timeout < 0 ? 0.5 : (timeout < 0.5 ? timeout : 0.5);
     if (sends && buf_size(&out) < CHUNK * 4) timeout = 0;
+    /* the spare cgroup is made once the host has been quiet for a while (not while it
+     * waits for something) */
+    int idle_spare = cgroups_ok && !spare_cg[0] && !execs && !sends &&
+                     (timeout < 0 || timeout > 0.05);
+    if (idle_spare) timeout = 0.05;
     struct timespec ts, *tsp = NULL;
     if (timeout >= 0) {
         ts.tv_sec = (time_t)timeout;
@@ -2313,6 +2338,7 @@ static void step(void) {
     if (r < 0) {
         for (nfds_t k = 0; k < nf; k++) fds[k].revents = 0;
     }
+    if (r == 0 && idle_spare) make_spare();
     got_signal = 0;
     reap();
     if ((port_idx >= 0 && (fds[port_idx].revents & POLLOUT)) || buf_size(&out)) flush_out();
