@@ -177,6 +177,7 @@ def test_unknown_op_and_missing_fields(agent: Agent) -> None:
     assert agent.call(id=8, op="exec", argv=["true", 3])["error"]["type"] == "agent"
     assert agent.call(id=9, op="kill")["error"]["type"] == "agent"
     assert agent.call(id=10, op="read_file")["error"]["type"] == "agent"
+    assert agent.call(id=12, op="read_file", path="/etc/host\u0000name")["error"]["type"] == "agent"
     assert agent.call(id=11, op="ping") == {"id": 11}
 
 

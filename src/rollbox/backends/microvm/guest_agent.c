@@ -456,9 +456,10 @@ static int jtruthy(const JVal *v) {
     }
 }
 
+/* A string field; NULL if absent, not a string, or holding a NUL (not a valid path/name). */
 static const char *jstr(const JVal *obj, const char *key) {
     JVal *v = jget(obj, key);
-    return v && v->t == J_STR ? v->s : NULL;
+    return v && v->t == J_STR && strlen(v->s) == v->slen ? v->s : NULL;
 }
 
 /* Integer field: 1 and *out set when present as an integer (bools count, like Python). */
