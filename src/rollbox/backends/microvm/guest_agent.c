@@ -1418,7 +1418,9 @@ static Exec *exec_start(int64_t rid, int kind, char *const *argv, char *const *e
     e->in_fd = e->out_fd = e->err_fd = -1;
     e->deadline = timeout > 0 ? mono() + timeout : 0;
     int cg_fd = -1, cg_dir = -1;
-    if (want_cgroup && cgroups_ok) {
+    /* the spare cgroup if there is one (a second try makes a fresh one: the workload
+     * may have removed the spare) */
+    for (int attempt = 0; want_cgroup && cgroups_ok && attempt < 2 && cg_fd < 0; attempt++) {
         int fresh = !spare_cg[0];
         if (fresh)
             snprintf(e->cg, sizeof e->cg, "%s/e%lld-%d-%lld", WORKLOAD, (long long)rid,
@@ -1433,6 +1435,7 @@ static Exec *exec_start(int64_t rid, int kind, char *const *argv, char *const *e
             cg_dir = -1;
             rmdir(e->cg);
             e->cg[0] = '\0';
+            if (fresh) break;
         }
     }
     int in[2], o[2], er[2];
