@@ -1508,11 +1508,14 @@ fail0:
 
 /* One per-exec cgroup made ahead of time, off the exec's critical path (creating a memory
  * cgroup is the costliest step of a spawn, and cold right after a restore). */
+static int spare_failed; /* no idle retries until the next exec ends */
+
 static void make_spare(void) {
     if (!cgroups_ok || spare_cg[0]) return;
     char p[sizeof spare_cg];
     snprintf(p, sizeof p, "%s/e-%lld", WORKLOAD, (long long)mono_ns());
     if (mkdir(p, 0755) == 0) memcpy(spare_cg, p, sizeof p);
+    else spare_failed = 1;
 }
 
 static void sweep_cgroups(void) {
@@ -1617,6 +1620,7 @@ static void check_exec(Exec *e) {
     exec_free(e);
     if (cg[0]) rmdir(cg); /* fails while daemons are still in it: the next sweep gets it */
     sweep_cgroups();
+    spare_failed = 0;
 }
 
 static void reap(void) {
@@ -2327,7 +2331,7 @@ static void step(void) {
     if (sends && buf_size(&out) < CHUNK * 4) timeout = 0;
     /* the spare cgroup is made once the host has been quiet for a while (not while it
      * waits for something) */
-    int idle_spare = cgroups_ok && !spare_cg[0] && !execs && !sends &&
+    int idle_spare = cgroups_ok && !spare_cg[0] && !spare_failed && !execs && !sends &&
                      (timeout < 0 || timeout > 0.05);
     if (idle_spare) timeout = 0.05;
     struct timespec ts, *tsp = NULL;
