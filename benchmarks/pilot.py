@@ -28,7 +28,7 @@ FULL = {
     "namespace": {"rollouts": 200, "concurrency": "1,4,16", "cycles": 1000},
     "gvisor": {"rollouts": 50, "concurrency": "1,4,16", "cycles": 200},
     # a TCG boot takes seconds here: fewer rollouts and cycles
-    "microvm": {"rollouts": 8, "concurrency": "1,4", "cycles": 5},
+    "microvm": {"rollouts": 16, "concurrency": "1,4", "cycles": 20},
 }
 QUICK = {
     "namespace": {"rollouts": 20, "concurrency": "1,4", "cycles": 20},

@@ -353,8 +353,11 @@ d = ARGS["dir"]; os.makedirs(d, exist_ok=True)
 f = os.path.join(d, "f"); tmp = os.path.join(d, ".t")
 targets = ARGS["targets"]
 end = time.time() + ARGS["seconds"]; n = 0
+stop = os.path.join(d, "stop")
+try: os.unlink(stop)
+except FileNotFoundError: pass
 with open(os.path.join(d, "benign"), "w") as fh: fh.write("benign\n")
-while time.time() < end:
+while time.time() < end and not os.path.exists(stop):
     for t in [None] + targets:
         try: os.unlink(tmp)
         except FileNotFoundError: pass
