@@ -3,42 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from integration.clihelp import need_backend, run_cli
 from rollbox.audit.runner import probe_names
-from rollbox.backends.registry import get_backend
 from rollbox.config import Home
-from rollbox.errors import BackendUnavailableError
 
 pytestmark = [pytest.mark.root]
-
-ROLLBOX = str(Path(sys.executable).parent / "rollbox")
-
-
-def _run(home: Home, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "ROLLBOX_HOME": str(home.root)}
-    return subprocess.run(
-        [ROLLBOX, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
-def _need(backend: str, home: Home) -> None:
-    try:
-        get_backend(backend, home).prepare()
-    except BackendUnavailableError as exc:
-        pytest.skip(f"{backend} unavailable: {exc}")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["namespace", "gvisor"])
 def test_audit_names_every_probe_and_finds_no_breach(shared_home: Home, backend: str) -> None:
-    _need(backend, shared_home)
-    r = _run(shared_home, "audit", "--backend", backend, "--cycles", "5", "--json")
+    need_backend(backend, shared_home)
+    r = run_cli(shared_home, "audit", "--backend", backend, "--cycles", "5", "--json")
     doc = json.loads(r.stdout)
     assert doc["kind"] == "rollbox-audit" and doc["backend"] == backend
     assert [p["name"] for p in doc["probes"]] == probe_names()
@@ -55,8 +35,8 @@ def test_audit_names_every_probe_and_finds_no_breach(shared_home: Home, backend:
 @pytest.mark.slow
 def test_audit_exit_code_follows_breaches(shared_home: Home) -> None:
     """Exit 0 with all probes passing, and the JSON counts agree with the statuses."""
-    _need("namespace", shared_home)
-    r = _run(
+    need_backend("namespace", shared_home)
+    r = run_cli(
         shared_home, "audit", "--backend", "namespace", "--probe", "inherited-fds",
         "--probe", "host-loopback-service", "--json",
     )  # fmt: skip
@@ -69,8 +49,8 @@ def test_audit_exit_code_follows_breaches(shared_home: Home) -> None:
 
 @pytest.mark.slow
 def test_audit_repro_identical(shared_home: Home) -> None:
-    _need("namespace", shared_home)
-    r = _run(shared_home, "audit", "--repro", "--k", "3", "--backend", "namespace", "--json")
+    need_backend("namespace", shared_home)
+    r = run_cli(shared_home, "audit", "--repro", "--k", "3", "--backend", "namespace", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(r.stdout)
     assert doc["identical"] and doc["all_done"] and doc["k"] == 3
@@ -88,7 +68,7 @@ def test_audit_repro_identical(shared_home: Home) -> None:
     ],
 )
 def test_audit_bad_input_one_line_exit_2(shared_home: Home, args: list[str], needle: str) -> None:
-    r = _run(shared_home, "audit", *args)
+    r = run_cli(shared_home, "audit", *args)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]
@@ -97,7 +77,7 @@ def test_audit_bad_input_one_line_exit_2(shared_home: Home, args: list[str], nee
 @pytest.mark.slow
 def test_audit_repro_names_what_differs(shared_home: Home, tmp_path: Path) -> None:
     """A task that writes the time and random bytes: repro must fail and name the paths."""
-    _need("namespace", shared_home)
+    need_backend("namespace", shared_home)
     task = tmp_path / "nondet"
     (task / "solution").mkdir(parents=True)
     (task / "tests").mkdir()
@@ -112,7 +92,7 @@ def test_audit_repro_names_what_differs(shared_home: Home, tmp_path: Path) -> No
     )
     for f in ("solution/solve.sh", "tests/test.sh"):
         (task / f).chmod(0o755)
-    r = _run(
+    r = run_cli(
         shared_home, "audit", "--repro", "--k", "2", "--backend", "namespace",
         "--task", str(task), "--json",
     )  # fmt: skip
@@ -131,10 +111,10 @@ def test_audit_repro_names_what_differs(shared_home: Home, tmp_path: Path) -> No
 def test_audit_microvm_kernel_surface(shared_home: Home) -> None:
     """In a microVM the guest kernel is the sandbox's own: what it accepts is recorded, and
     only host-visible effects are breaches."""
-    _need("microvm", shared_home)
+    need_backend("microvm", shared_home)
     probes = ["cross-sandbox-files", "mknod", "mount", "bpf", "proc-sys-write", "inherited-fds"]
     args = [x for p in probes for x in ("--probe", p)]
-    r = _run(shared_home, "audit", "--backend", "microvm", *args, "--json", timeout=1200)
+    r = run_cli(shared_home, "audit", "--backend", "microvm", *args, "--json", timeout=1200)
     doc = json.loads(r.stdout)
     assert doc["kernel"]["shared"] is False
     boot_id = "/proc/sys/kernel/random/boot_id"

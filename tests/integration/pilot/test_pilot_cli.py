@@ -4,41 +4,21 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from rollbox.backends.registry import get_backend
+from integration.clihelp import need_backend, run_cli
 from rollbox.config import Home
-from rollbox.errors import BackendUnavailableError
 
 pytestmark = [pytest.mark.root]
-
-ROLLBOX = str(Path(sys.executable).parent / "rollbox")
-
-
-def _run(home: Home, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "ROLLBOX_HOME": str(home.root)}
-    return subprocess.run(
-        [ROLLBOX, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
-def _need(backend: str, home: Home) -> None:
-    try:
-        get_backend(backend, home).prepare()
-    except BackendUnavailableError as exc:
-        pytest.skip(f"{backend} unavailable: {exc}")
 
 
 @pytest.mark.slow
 def test_pilot_namespace_table_json_png_html(shared_home: Home, tmp_path: Path) -> None:
-    _need("namespace", shared_home)
+    need_backend("namespace", shared_home)
     png, page = tmp_path / "pilot.png", tmp_path / "pilot.html"
-    r = _run(
+    r = run_cli(
         shared_home,
         "pilot",
         "--backend", "namespace",
@@ -71,9 +51,9 @@ def test_pilot_namespace_table_json_png_html(shared_home: Home, tmp_path: Path) 
 
 @pytest.mark.slow
 def test_pilot_two_backends_side_by_side(shared_home: Home, tmp_path: Path) -> None:
-    _need("namespace", shared_home)
-    _need("gvisor", shared_home)
-    r = _run(
+    need_backend("namespace", shared_home)
+    need_backend("gvisor", shared_home)
+    r = run_cli(
         shared_home,
         "pilot",
         "--backend", "namespace,gvisor",
@@ -99,7 +79,7 @@ def test_pilot_two_backends_side_by_side(shared_home: Home, tmp_path: Path) -> N
     ],
 )
 def test_pilot_bad_input_one_line_exit_2(home: Home, args: list[str], needle: str) -> None:
-    r = _run(home, "pilot", *args)
+    r = run_cli(home, "pilot", *args)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]
