@@ -52,6 +52,7 @@ from rollbox.errors import (
     LimitsError,
     NotFoundError,
     PathEscapeError,
+    RollboxError,
     SandboxCrashedError,
     SandboxNotFoundError,
     SandboxStateError,
@@ -1152,7 +1153,8 @@ class MicroVMBackend(Backend):
 
         store = BaselineStore(self.home)
         current = ""
-        with contextlib.suppress(BackendUnavailableError):
+        # boot snapshots exist, so the kernel and initramfs were built before: this is cheap
+        with contextlib.suppress(RollboxError):
             self.prepare()
             current = str(self._initrd)
         in_use = _open_paths_of_qemus()
