@@ -76,10 +76,10 @@ MIN_MEMORY_MB = 32
 MIN_DISK_MB = 16
 PIPE_BYTES = 1 << 20  # fs.pipe-max-size default; larger needs CAP_SYS_RESOURCE
 TEMPLATES = os.environ.get("ROLLBOX_MICROVM_BOOT_SNAPSHOTS", "1") != "0"
-SPLIT_MEMORY = os.environ.get("ROLLBOX_MICROVM_SPLIT_MEMORY", "1") != "0"
-"""Save memory snapshots as a copy-on-write RAM image + device state (lazy restores)."""
 """Create by restoring a boot snapshot of the same baseline and VM shape when one exists
 (the first create of a shape boots cold and saves it)."""
+SPLIT_MEMORY = os.environ.get("ROLLBOX_MICROVM_SPLIT_MEMORY", "1") != "0"
+"""Save memory snapshots as a copy-on-write RAM image + device state (lazy restores)."""
 
 
 def assets_home(home: Home) -> Home:
