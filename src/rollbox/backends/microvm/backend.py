@@ -17,6 +17,7 @@ import math
 import os
 import shutil
 import socket
+import subprocess
 import tarfile
 import tempfile
 import threading
@@ -87,6 +88,55 @@ def assets_home(home: Home) -> Home:
     images, boot snapshots): the one owning the layer store they derive from, so homes that
     share a store (symlinked ``layers/``) share them too."""
     return Home(Path(os.path.realpath(home.layers)).parent)
+
+
+ROUTER_MAC = "02:72:62:78:00:01"  # locally administered
+
+
+def _vm_network(home: Home, sandbox_id: str, spec: SandboxSpec) -> dict[str, str]:
+    """For an ``allow`` sandbox: the same netns, veth pair and host firewall rules as a
+    ``namespace`` sandbox gets, plus a tap device in that netns for QEMU's NIC, routed and
+    masqueraded out of the netns's veth — so the host's allow-list rules see the VM's
+    traffic exactly as a namespace sandbox's. Returns the setup (``NetSetup.to_dict``).
+
+    Raises:
+        InvalidInputError: an allow entry is not an IPv4 address.
+        BackendError: a step failed (everything made so far is removed).
+    """
+    from rollbox.backends.common import network as netmod
+    from rollbox.backends.microvm.initramfs import GUEST_IP, ROUTER_IP
+
+    net = netmod.setup_network(home.tag, sandbox_id, spec.network)
+    inside = ["nsenter", f"--net=/run/netns/{net.netns}"]
+    steps = [
+        ["ip", "-n", net.netns, "tuntap", "add", "dev", "tap0", "mode", "tap"],
+        # one fixed router MAC: a VM restored from a snapshot keeps its ARP cache
+        ["ip", "-n", net.netns, "link", "set", "tap0", "address", ROUTER_MAC],
+        ["ip", "-n", net.netns, "addr", "add", f"{ROUTER_IP}/30", "dev", "tap0"],
+        ["ip", "-n", net.netns, "link", "set", "tap0", "up"],
+        [*inside, "sysctl", "-qw", "net.ipv4.ip_forward=1"],
+        [*inside, "iptables", "-w", "-t", "nat", "-A", "POSTROUTING", "-s", f"{GUEST_IP}/32",
+         "-o", net.sandbox_if, "-j", "MASQUERADE"],
+    ]  # fmt: skip
+    try:
+        for argv in steps:
+            r = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if r.returncode != 0:
+                raise BackendError(f"microvm network: {' '.join(argv)}: {r.stderr.strip()}")
+    except BaseException:
+        netmod.teardown_network(net)
+        raise
+    return net.to_dict()
+
+
+def _teardown_vm_network(info: SandboxInfo) -> bool:
+    net = info.extra.get("net")
+    if not isinstance(net, dict):
+        return False
+    from rollbox.backends.common import network as netmod
+
+    netmod.teardown_network(netmod.NetSetup.from_dict(net))
+    return True
 
 
 def _open_paths_of_qemus() -> set[str]:
@@ -688,7 +738,7 @@ class MicroVMBackend(Backend):
         memory_snapshot=True,
         fork=True,
         pause=True,
-        network_modes=["none", "loopback"],
+        network_modes=["none", "loopback", "allow"],
         users=True,
     )
 
@@ -772,7 +822,10 @@ class MicroVMBackend(Backend):
         mem = (spec.limits.memory_mb or 1024) + GUEST_OVERHEAD_MB
         accel = self.accelerator
         cpus = max(1, math.ceil(spec.limits.cpus or 1))
-        tpl_dir = self._template_dir(assets, baseline.digest, mem, cpus, disk_mb, str(self._initrd))
+        nic = spec.network.mode == "allow"
+        tpl_dir = self._template_dir(
+            assets, baseline.digest, mem, cpus, disk_mb, str(self._initrd), nic
+        )
         if TEMPLATES and (tpl_dir / "meta.json").is_file():
             try:
                 rec = snaps.MemorySnapshot.model_validate_json((tpl_dir / "meta.json").read_text())
@@ -798,6 +851,7 @@ class MicroVMBackend(Backend):
             disk=str(d / "disk-0.qcow2"),
             run_dir=str(rdir),
             console_log=str(d / "console.log"),
+            nic=nic,
         )
         info.accelerator = accel.accelerator
         info.extra.update(
@@ -815,6 +869,12 @@ class MicroVMBackend(Backend):
         write_state(self.home, info)
         handle = MicroVMSandbox(self, info)
         try:
+            if nic:
+                net = await asyncio.to_thread(_vm_network, self.home, sid, spec)
+                info.extra["net"] = net
+                vm.netns = net["netns"]
+                info.extra["vm"] = vm.to_json()
+                write_state(self.home, info)
             await asyncio.to_thread(disk.create_overlay, Path(vm.disk), template, "raw")
             info.extra["qemu_pid"] = pid = await asyncio.to_thread(qemu.start, vm)
             write_state(self.home, info)
@@ -839,7 +899,7 @@ class MicroVMBackend(Backend):
 
     @staticmethod
     def _template_dir(
-        assets: Home, digest: str, mem: int, cpus: int, disk_mb: int, initrd: str
+        assets: Home, digest: str, mem: int, cpus: int, disk_mb: int, initrd: str, nic: bool
     ) -> Path:
         """Where the boot snapshot for this device model and baseline lives."""
         import hashlib
@@ -858,6 +918,7 @@ class MicroVMBackend(Backend):
                 qemu.BASE_APPEND,
                 qemu.TCG_APPEND,
                 initrd,
+                *(["nic"] if nic else []),  # keeps the keys of NIC-less shapes unchanged
             ],
             sort_keys=True,
         )
@@ -940,6 +1001,12 @@ class MicroVMBackend(Backend):
         write_state(self.home, info)
         handle = MicroVMSandbox(self, info)
         try:
+            if vm.nic:  # the snapshot's VM had a NIC: this branch gets its own network
+                net = await asyncio.to_thread(_vm_network, self.home, sid, spec)
+                info.extra["net"] = net
+                vm.netns = net["netns"]
+                info.extra["vm"] = vm.to_json()
+                write_state(self.home, info)
             await asyncio.to_thread(
                 disk.create_overlay, Path(vm.disk), Path(str(snap.vm["disk"])), "qcow2"
             )
@@ -1071,6 +1138,7 @@ class MicroVMBackend(Backend):
         d = sandbox_dir(self.home, sandbox_id)
         name = qemu.proc_name(self.home.tag, sandbox_id)
         snap_id = None
+        info = None
         try:
             info = read_state(self.home, sandbox_id)
             pid = info.extra.get("qemu_pid")
@@ -1082,6 +1150,9 @@ class MicroVMBackend(Backend):
             if qemu.alive(pid_, name):
                 qemu.kill(pid_, name)
                 removed.append(f"process {pid_} ({name})")
+        with contextlib.suppress(BackendError, OSError):
+            if info is not None and _teardown_vm_network(info):
+                removed.append(f"network of {sandbox_id}")
         with contextlib.suppress(BackendError, OSError):
             if _drop_host_cgroup(self.home, sandbox_id):
                 removed.append(f"cgroup rollbox-{self.home.tag}/{sandbox_id}")
@@ -1226,4 +1297,7 @@ class MicroVMBackend(Backend):
         # keep every live sandbox's group, of any backend (they share the home's parent)
         everyone = live | {i.id for i in list_states(self.home) if i.backend != self.name}
         out += remove_orphan_cgroups(self.home.tag, everyone, dry_run)
+        from rollbox.backends.common.network import remove_orphan_networks
+
+        out += remove_orphan_networks(self.home.tag, everyone, dry_run)
         return out

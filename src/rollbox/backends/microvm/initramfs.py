@@ -65,12 +65,21 @@ $B mount --move /rw /newroot/run/rollbox/rw
 $B mount --move /lower /newroot/run/rollbox/lower
 $B cp /agent.py /rbx-agent /newroot/run/rollbox/
 $B ip link set lo up
+if [ -e /sys/class/net/eth0 ]; then  # allow-list sandboxes: a NIC to a router netns
+  $B ip link set eth0 up
+  $B ip addr add GUEST_IP/30 dev eth0
+  $B ip route add default via ROUTER_IP
+fi
 $B mount --move /dev /newroot/dev
 $B mount --move /proc /newroot/proc
 $B mount --move /sys /newroot/sys
 $B mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup
 exec $B switch_root /newroot /run/rollbox/rbx-agent
 """
+
+GUEST_IP, ROUTER_IP = "192.168.127.2", "192.168.127.1"
+"""The guest's address on its NIC and the router's (the tap device in the sandbox netns)."""
+INIT = INIT.replace("GUEST_IP", GUEST_IP).replace("ROUTER_IP", ROUTER_IP)
 
 PROBE_INIT = r"""#!/bin/busybox sh
 echo ROLLBOX-PROBE-OK

@@ -29,6 +29,10 @@ MODULES = [
     "drivers/block/virtio_blk.ko",
     "drivers/char/virtio_console.ko",
     "fs/overlayfs/overlay.ko",
+    # the NIC of allow-list sandboxes (virtio_net needs net_failover, which needs failover)
+    "net/core/failover.ko",
+    "drivers/net/net_failover.ko",
+    "drivers/net/virtio_net.ko",
 ]
 
 

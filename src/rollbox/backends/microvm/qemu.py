@@ -108,6 +108,10 @@ class VMConfig:
     tsc_khz: int = field(default_factory=host_tsc_khz)
     mem_file: str = ""
     """A split snapshot's RAM image to map copy-on-write as guest RAM ("" = anonymous)."""
+    nic: bool = False
+    """A virtio-net NIC on the tap device ``tap0`` (allow-list sandboxes)."""
+    netns: str = ""
+    """The network namespace QEMU runs in (holds ``tap0``); "" = the host's."""
 
     def argv(self, *, incoming: str | None = None) -> list[str]:
         """The QEMU command line (``incoming``: restore from that migration URI, paused)."""
@@ -133,6 +137,10 @@ class VMConfig:
             machine += f",memory-backend={RAM_ID}"
             memory = ["-object", f"memory-backend-file,id={RAM_ID},size={self.memory_mb}M,"
                       f"mem-path={self.mem_file},share=off"]  # fmt: skip
+        nic = []
+        if self.nic:
+            nic = ["-netdev", "tap,id=n0,ifname=tap0,script=no,downscript=no",
+                   "-device", "virtio-net-device,netdev=n0"]  # fmt: skip
         argv = [
             QEMU,
             "-name", f"{self.name},debug-threads=off",
@@ -151,6 +159,7 @@ class VMConfig:
             "-device", "virtio-serial-device,max_ports=2",
             "-chardev", f"socket,id=agent,path={rd / 'agent.sock'},server=on,wait=off",
             "-device", f"virtserialport,chardev=agent,name={AGENT_PORT}",
+            *nic,
             "-qmp", f"unix:{rd / 'qmp.sock'},server=on,wait=off",
             "-pidfile", str(rd / "qemu.pid"),
             "-daemonize",
@@ -176,8 +185,11 @@ def start(cfg: VMConfig, *, incoming: str | None = None, pass_fds: tuple[int, ..
         BackendError: QEMU refused to start (its message included).
     """
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    argv = cfg.argv(incoming=incoming)
+    if cfg.netns:  # only the network namespace changes (nsenter execs QEMU)
+        argv = ["nsenter", f"--net=/run/netns/{cfg.netns}", *argv]
     proc = subprocess.run(
-        cfg.argv(incoming=incoming),
+        argv,
         capture_output=True,
         text=True,
         check=False,
