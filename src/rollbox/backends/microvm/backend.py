@@ -34,6 +34,7 @@ from rollbox.backends.microvm.channel import AgentChannel, ChannelClosed
 from rollbox.backends.microvm.guest_agent import T_DATA, T_EOF, T_ERR, T_IN, T_OUT, frame, jframe
 from rollbox.backends.microvm.initramfs import ensure_initramfs
 from rollbox.backends.microvm.kernel import GuestKernel, ensure_kernel
+from rollbox.backends.namespace.files import normalize as root_relative
 from rollbox.backends.state import (
     expired,
     list_states,
@@ -157,19 +158,7 @@ def normalize(path: str) -> str:
         PathEscapeError: ``..`` climbs above ``/``.
         InvalidInputError: empty or containing NUL.
     """
-    if not path or "\0" in path:
-        raise InvalidInputError(f"invalid sandbox path {path!r}")
-    parts: list[str] = []
-    for part in path.split("/"):
-        if part in ("", "."):
-            continue
-        if part == "..":
-            if not parts:
-                raise PathEscapeError(f"sandbox path {path!r} escapes the sandbox root")
-            parts.pop()
-        else:
-            parts.append(part)
-    return "/" + "/".join(parts)
+    return "/" + root_relative(path)
 
 
 def _xlist(info: SandboxInfo, key: str) -> list[str]:
