@@ -15,7 +15,7 @@ import fcntl
 import os
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -33,6 +33,26 @@ def _run(cmd: list[str]) -> None:
         ) from None
     if proc.returncode != 0:
         raise BackendError(f"{' '.join(cmd[:3])}... failed: {proc.stderr.strip()[-400:]}")
+
+
+def cached_build(path: Path, build: Callable[[Path], object]) -> Path:
+    """``path``, built once by ``build(tmp)`` into a temporary name and renamed into place
+    under ``<dir>/.lock`` (concurrent callers wait and reuse it; a crash leaves no half file).
+    """
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.is_file():
+            return path
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        try:
+            build(tmp)
+            os.rename(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return path
 
 
 def _tree_bytes(root: Path) -> int:
@@ -72,54 +92,35 @@ def ensure_base_image(home: Home, digest: str, layers: list[Path]) -> Path:
     Raises:
         BackendError: the image could not be built.
     """
-    d = home.vm / "disks"
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / (digest.removeprefix("sha256:") + ".ext4")
-    if path.is_file():
-        return path
-    home.tmp.mkdir(parents=True, exist_ok=True)
-    with open(d / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.is_file():
-            return path
+
+    def build(tmp: Path) -> None:
+        home.tmp.mkdir(parents=True, exist_ok=True)
         with merged_view(layers, home.tmp) as root:
             size_mb = _tree_bytes(root) * 12 // 10 // (1 << 20) + 64
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            try:
-                _run(
-                    ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-L", "rbxbase", "-m", "0",
-                     "-E", "lazy_itable_init=1", "-d", str(root), str(tmp), f"{size_mb}M"]
-                )  # fmt: skip
-                os.chmod(tmp, 0o444)
-                os.rename(tmp, path)
-            finally:
-                if tmp.exists():
-                    tmp.unlink()
-    return path
+            _run(
+                ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-L", "rbxbase", "-m", "0",
+                 "-E", "lazy_itable_init=1", "-d", str(root), str(tmp), f"{size_mb}M"]
+            )  # fmt: skip
+        os.chmod(tmp, 0o444)
+
+    return cached_build(home.vm / "disks" / (digest.removeprefix("sha256:") + ".ext4"), build)
 
 
 def ensure_upper_template(home: Home, size_mb: int) -> Path:
     """An empty ext4 of ``size_mb`` MiB with ``upper/``, ``work/`` (cached per size)."""
     d = home.vm / "disks"
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"upper-{size_mb}M.ext4"
-    if path.is_file():
-        return path
-    with open(d / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.is_file():
-            return path
+
+    def build(tmp: Path) -> None:
         with tempfile.TemporaryDirectory(dir=d) as tree:
             for sub in ("upper", "work"):
                 os.mkdir(os.path.join(tree, sub), 0o755)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
             _run(
                 ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-L", "rbxupper", "-m", "0",
                  "-d", tree, str(tmp), f"{size_mb}M"]
             )  # fmt: skip
-            os.chmod(tmp, 0o444)
-            os.rename(tmp, path)
-    return path
+        os.chmod(tmp, 0o444)
+
+    return cached_build(d / f"upper-{size_mb}M.ext4", build)
 
 
 def create_overlay(

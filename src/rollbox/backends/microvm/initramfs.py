@@ -9,14 +9,13 @@ no probing beyond what the sandbox needs, and no python3 needed to boot and exec
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import io
-import os
 from pathlib import Path
 
 from rollbox.backends.agent.build import compile_c
 from rollbox.backends.microvm import guest_agent
+from rollbox.backends.microvm.disk import cached_build
 from rollbox.backends.microvm.kernel import GuestKernel
 from rollbox.config import Home
 from rollbox.errors import BackendUnavailableError
@@ -138,17 +137,8 @@ def ensure_initramfs(home: Home, kernel: GuestKernel, *, probe: bool = False) ->
         key.update(part)
     key.update(agent)
     key.update(str(BUSYBOX.stat().st_mtime_ns if BUSYBOX.exists() else 0).encode())
-    d = home.vm / "initramfs"
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{'probe-' if probe else ''}{key.hexdigest()[:16]}.cpio"
-    if path.is_file():
-        return path
-    with open(d / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.is_file():
-            return path
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_bytes(_build(kernel, init, agent))
-        # kept afterwards: memory snapshots restore with the exact initramfs they booted
-        os.rename(tmp, path)
-    return path
+    name = f"{'probe-' if probe else ''}{key.hexdigest()[:16]}.cpio"
+    # kept afterwards: memory snapshots record the initramfs they booted with
+    return cached_build(
+        home.vm / "initramfs" / name, lambda tmp: tmp.write_bytes(_build(kernel, init, agent))
+    )
