@@ -109,19 +109,24 @@ def _vm_network(home: Home, sandbox_id: str, spec: SandboxSpec) -> dict[str, str
 
     net = netmod.setup_network(home.tag, sandbox_id, spec.network)
     inside = ["nsenter", f"--net=/run/netns/{net.netns}"]
-    steps = [
-        ["ip", "-n", net.netns, "tuntap", "add", "dev", "tap0", "mode", "tap"],
-        # one fixed router MAC: a VM restored from a snapshot keeps its ARP cache
-        ["ip", "-n", net.netns, "link", "set", "tap0", "address", ROUTER_MAC],
-        ["ip", "-n", net.netns, "addr", "add", f"{ROUTER_IP}/30", "dev", "tap0"],
-        ["ip", "-n", net.netns, "link", "set", "tap0", "up"],
-        [*inside, "sysctl", "-qw", "net.ipv4.ip_forward=1"],
-        [*inside, "iptables", "-w", "-t", "nat", "-A", "POSTROUTING", "-s", f"{GUEST_IP}/32",
-         "-o", net.sandbox_if, "-j", "MASQUERADE"],
+    tap = "\n".join(
+        [
+            "tuntap add dev tap0 mode tap",
+            # one fixed router MAC: a VM restored from a snapshot keeps its ARP cache
+            f"link set tap0 address {ROUTER_MAC}",
+            f"addr add {ROUTER_IP}/30 dev tap0",
+            "link set tap0 up",
+        ]
+    )
+    steps: list[tuple[list[str], str | None]] = [
+        (["ip", "-n", net.netns, "-batch", "-"], tap + "\n"),
+        ([*inside, "sysctl", "-qw", "net.ipv4.ip_forward=1"], None),
+        ([*inside, "iptables", "-w", "-t", "nat", "-A", "POSTROUTING", "-s", f"{GUEST_IP}/32",
+          "-o", net.sandbox_if, "-j", "MASQUERADE"], None),
     ]  # fmt: skip
     try:
-        for argv in steps:
-            r = subprocess.run(argv, capture_output=True, text=True, check=False)
+        for argv, stdin in steps:
+            r = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False)
             if r.returncode != 0:
                 raise BackendError(f"microvm network: {' '.join(argv)}: {r.stderr.strip()}")
     except BaseException:
