@@ -10,7 +10,7 @@ import asyncio
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -22,6 +22,9 @@ from rollbox.cli.output import JSON_OPTION, emit
 from rollbox.config import Home
 from rollbox.errors import ExecTimeoutError, InvalidInputError, LimitsError
 from rollbox.models import Limits, SandboxInfo, SandboxSpec, utcnow
+
+if TYPE_CHECKING:
+    from rollbox.backends.microvm import MicroVMBackend
 
 app = typer.Typer(help="Create and use sandboxes.", no_args_is_help=True)
 
@@ -245,7 +248,7 @@ def snapshot_cmd(
         emit({"digest": ref, "sandbox": sandbox_id, "name": name}, json_, ref)
 
 
-def _microvm(home: Home) -> Any:
+def _microvm(home: Home) -> MicroVMBackend:
     from rollbox.backends.microvm import MicroVMBackend
 
     return MicroVMBackend(home)
