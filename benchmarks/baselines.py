@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from _rootfs import debian_rootfs_tar  # benchmarks/_rootfs.py
 from _stats import stats_ms  # benchmarks/_stats.py (scripts run from benchmarks/)
 from rollbox.baselines.builders.bootstrap import DEFAULT_NAMES, DEFAULT_RECIPE, bootstrap
 from rollbox.baselines.builders.buildah import BASE_REPO, build
@@ -41,7 +42,6 @@ from rollbox.config import Home
 from rollbox.models import BaselineInfo, RecipeSource, SnapshotSource
 
 RESULTS = Path(__file__).with_name("results") / "baselines.json"
-DEV_ROOTFS = "/var/tmp/rollbox-dev/rootfs.tar"  # any rootfs tar; copied, never written
 DOCKERFILE = """\
 FROM debian:bookworm
 ENV APP=/opt/app
@@ -200,7 +200,7 @@ def bench_snapshot(
     """``commit_snapshot`` of a small upper dir vs raw ``tar -cf`` of it."""
     if store is None or base is None:
         store = BaselineStore(Home(work / "snap-home").ensure())
-        base = store.import_rootfs(Path(DEV_ROOTFS))
+        base = store.import_rootfs(debian_rootfs_tar())
     upper = work / "upper"
     (upper / "etc").mkdir(parents=True)
     (upper / "work").mkdir()

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _rootfs import debian_rootfs_tar  # benchmarks/_rootfs.py
 from rollbox.backends.microvm import MicroVMBackend, MicroVMSandbox
 from rollbox.backends.microvm import backend as backend_mod
 from rollbox.backends.microvm import qemu as qemu_mod
@@ -53,7 +54,6 @@ from rollbox.config import Home
 from rollbox.models import Limits, SandboxSpec
 
 RESULTS = Path(__file__).with_name("results") / "microvm.json"
-DEV_TAR = Path("/var/tmp/rollbox-dev/rootfs.tar")
 CMD = "python3 -c 'print(42)'"
 
 RAW_INIT = r"""#!/bin/busybox sh
@@ -167,7 +167,7 @@ async def main_async(n: int) -> dict[str, Any]:
     home = Home(Path(tempfile.mkdtemp(prefix="rbx-bench-microvm-", dir="/var/tmp"))).ensure()
     os.environ["ROLLBOX_HOME"] = str(home.root)
     store = BaselineStore(home)
-    base = store.import_rootfs(DEV_TAR, names=["bench/dev"])
+    base = store.import_rootfs(debian_rootfs_tar(), names=["bench/dev"])
     be = MicroVMBackend(home)
     be.prepare()
     accel = be.accelerator

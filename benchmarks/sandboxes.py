@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _rootfs import debian_rootfs_dir, debian_rootfs_tar  # benchmarks/_rootfs.py
 from _stats import stats_ms  # benchmarks/_stats.py (scripts run from benchmarks/)
 from rollbox.backends.base import SandboxHandle
 from rollbox.backends.namespace import NamespaceBackend
@@ -36,7 +37,6 @@ from rollbox.config import Home
 from rollbox.models import BaselineInfo, Limits, SandboxSpec
 
 RESULTS = Path(__file__).with_name("results") / "sandboxes.json"
-DEV_TAR = Path("/var/tmp/rollbox-dev/rootfs.tar")
 
 
 def stats(xs: list[float]) -> dict[str, float]:
@@ -66,9 +66,9 @@ def small_rootfs(root: Path) -> None:
 
 
 def big_rootfs(root: Path) -> None:
-    """~1 GB: the dev Debian rootfs plus 800 MB of incompressible data."""
+    """~1 GB: the default Debian rootfs plus 800 MB of incompressible data."""
     root.mkdir()
-    subprocess.run(["tar", "-C", str(root), "-xf", str(DEV_TAR)], check=True)
+    subprocess.run(["tar", "-C", str(root), "-xf", str(debian_rootfs_tar())], check=True)
     pad = root / "opt" / "pad"
     pad.mkdir(parents=True, exist_ok=True)
     for i in range(8):
@@ -95,11 +95,13 @@ async def main() -> None:
     args = ap.parse_args()
     home = Home(Path(os.environ.get("ROLLBOX_HOME", "/var/tmp/rbx-bench-sandboxes"))).ensure()
     store = BaselineStore(home)
-    dev = store.find_name("bench/dev") or store.import_rootfs(DEV_TAR, names=["bench/dev"])
+    dev = store.find_name("bench/dev") or store.import_rootfs(
+        debian_rootfs_tar(), names=["bench/dev"]
+    )
     be = NamespaceBackend(home)
     be.prepare()
     spec = SandboxSpec(baseline=dev.digest, limits=Limits(disk_mb=64))
-    raw_root = Path("/var/tmp/rollbox-dev/rootfs")
+    raw_root = debian_rootfs_dir()
     out: dict[str, object] = {
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
         "backend": be.version(),
