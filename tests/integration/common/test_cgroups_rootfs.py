@@ -58,6 +58,7 @@ def test_cgroup_limits_freeze_kill_destroy(home: Home, leaks: LeakCheck) -> None
             check=False,
         )
         assert "fork" in (q.stdout + q.stderr).lower()
+        assert cg.pids_max_hits() >= 1
         assert cg.oom_kills() >= 1
     finally:
         cg.destroy()

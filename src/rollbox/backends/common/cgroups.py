@@ -248,6 +248,24 @@ class Cgroup:
                     total += int(value)
         return total
 
+    def pids_max_hits(self) -> int:
+        """Forks refused by ``pids.max`` in this group and its sub-groups.
+
+        The v1 kernel counts a refused fork (``max N`` of ``pids.events``) in the forking
+        task's own group, so the sub-groups are summed.
+        """
+        total = 0
+        for dirpath, _dirs, _files in os.walk(self.paths["pids"]):
+            try:
+                text = Path(dirpath, "pids.events").read_text()
+            except FileNotFoundError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "max":
+                    total += int(value)
+        return total
+
     def memory_usage(self) -> int:
         """Bytes charged to the group now."""
         try:
