@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
-from collections.abc import Coroutine
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
@@ -28,9 +30,74 @@ from rollbox.backends.base import Backend, OutputCallback, SandboxHandle
 from rollbox.backends.registry import get_backend
 from rollbox.config import Home
 from rollbox.errors import SandboxNotFoundError
-from rollbox.models import ExecResult, Limits, NetworkPolicy, SandboxInfo, SandboxSpec
+from rollbox.models import (
+    BaselineInfo,
+    ExecResult,
+    Limits,
+    NetworkPolicy,
+    SandboxInfo,
+    SandboxSpec,
+)
 
 T = TypeVar("T")
+log = logging.getLogger("rollbox")
+
+
+async def finish_or_dispose(
+    make: Awaitable[T], dispose: Callable[[T], Awaitable[None]], what: str = "sandbox"
+) -> T:
+    """Await ``make``; if the caller is cancelled meanwhile, let ``make`` finish anyway and
+    ``dispose`` of its result, then re-raise the cancellation.
+
+    A backend's create runs in a worker thread (or boots a VM): cancelling the awaiting task
+    does not stop it, and what it then creates would belong to nobody. Further cancellations
+    while waiting are absorbed (the caller is cancelled already).
+    """
+    inner = asyncio.ensure_future(make)
+    try:
+        return await asyncio.shield(inner)
+    except asyncio.CancelledError:
+        while not inner.done():
+            try:
+                await asyncio.wait({inner})
+            except asyncio.CancelledError:
+                continue  # a second Ctrl-C: still dispose of it first
+        if not inner.cancelled() and inner.exception() is None:
+            try:
+                await asyncio.shield(dispose(inner.result()))
+            except Exception as exc:  # cancelling: there is no caller left to raise to
+                log.warning("%s created during cancellation not removed: %s", what, exc)
+        raise
+
+
+async def create_handle(
+    be: Backend,
+    spec: SandboxSpec,
+    baseline: BaselineInfo,
+    *,
+    on_created: Callable[[SandboxHandle], None] | None = None,
+) -> SandboxHandle:
+    """``be.create(spec, baseline)``, safe against cancellation: a sandbox whose create was
+    in flight when the caller was cancelled is waited for and destroyed.
+
+    Args:
+        be: the backend.
+        spec: the checked spec.
+        baseline: the resolved baseline.
+        on_created: called with a handle created during cancellation, before it is
+            destroyed (e.g. to list its id in a record).
+
+    Raises:
+        asyncio.CancelledError: the caller was cancelled (nothing is left running).
+        BackendError: as :meth:`Backend.create`.
+    """
+
+    async def dispose(handle: SandboxHandle) -> None:
+        if on_created is not None:
+            on_created(handle)
+        await handle.destroy()
+
+    return await finish_or_dispose(be.create(spec, baseline), dispose)
 
 
 def _state_path(home: Home, sandbox_id: str) -> Path:
@@ -152,7 +219,7 @@ class AsyncSandbox:
         )
         be.check(spec)
         be.prepare()
-        handle = await be.create(spec, info)
+        handle = await create_handle(be, spec, info)
         return cls(handle, be, secrets)
 
     @classmethod
@@ -212,7 +279,13 @@ class AsyncSandbox:
 
     async def fork(self, n: int) -> list[AsyncSandbox]:
         """``n`` independent sandboxes from the current state (they inherit the secrets)."""
-        return [AsyncSandbox(h, self.backend, self._secrets) for h in await self._handle.fork(n)]
+
+        async def dispose(handles: list[SandboxHandle]) -> None:
+            for h in handles:
+                await h.destroy()
+
+        handles = await finish_or_dispose(self._handle.fork(n), dispose, "forked sandboxes")
+        return [AsyncSandbox(h, self.backend, self._secrets) for h in handles]
 
     async def pause(self) -> None:
         """Freeze every process inside."""
@@ -269,6 +342,10 @@ def parse_network(value: NetworkPolicy | str | None) -> NetworkPolicy:
 # --------------------------------------------------------------------------- sync facade
 
 
+CANCEL_WAIT_S = 120.0
+"""How long a sync call interrupted by Ctrl-C waits for its cancellation to clean up."""
+
+
 class _Loop:
     """One event loop in a daemon thread, shared by every sync ``Sandbox``."""
 
@@ -282,8 +359,29 @@ class _Loop:
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=loop.run_forever, name="rollbox-loop", daemon=True).start()
                 cls._loop = loop
-        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, cls._loop)
-        return fut.result()
+        started, finished = threading.Event(), threading.Event()
+
+        async def tracked() -> T:
+            started.set()
+            try:
+                return await coro
+            finally:
+                finished.set()
+
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(tracked(), cls._loop)
+        try:
+            return fut.result()
+        except KeyboardInterrupt:
+            # Ctrl-C in the caller's thread: cancel the coroutine in the loop thread and let
+            # its cancellation path finish (a create in flight is destroyed, an exec's
+            # process tree killed) before the interrupt goes on. ``fut`` itself reports
+            # cancelled at once, before the coroutine has unwound: wait for ``finished``.
+            fut.cancel()
+            deadline = time.monotonic() + CANCEL_WAIT_S
+            while not finished.wait(0.05) and time.monotonic() < deadline:
+                if not started.is_set() and time.monotonic() > deadline - CANCEL_WAIT_S + 1:
+                    break  # cancelled before it began: nothing to unwind
+            raise
 
 
 class Files:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rollbox import __version__
-from rollbox.backends.base import Backend
+from rollbox.backends.base import Backend, SandboxHandle
 from rollbox.backends.registry import get_backend
 from rollbox.config import Home
 from rollbox.errors import (
@@ -69,7 +69,7 @@ from rollbox.rollouts.agents import INSTRUCTION_PATH, Agent, AgentContext, Agent
 from rollbox.rollouts.diff import diff_upper, signature, upper_dir_of
 from rollbox.rollouts.tasks import Task, task_tar
 from rollbox.rollouts.verifier import REWARD_DIR, REWARD_JSON, REWARD_TXT, parse_reward
-from rollbox.sandbox import AsyncSandbox
+from rollbox.sandbox import AsyncSandbox, create_handle
 from rollbox.store.blobs import BlobStore
 from rollbox.store.metadata import MetaStore
 
@@ -255,7 +255,12 @@ class RolloutRunner:
                 workdir=task.environment.workdir,
             )
             be.check(spec)
-            sbx = AsyncSandbox(await be.create(spec, self._baseline_info(baseline)), be)
+
+            def orphan(h: SandboxHandle) -> None:  # made while cancelled: destroyed, listed
+                rec.sandbox_ids = [*rec.sandbox_ids, h.id]
+
+            info = self._baseline_info(baseline)
+            sbx = AsyncSandbox(await create_handle(be, spec, info, on_created=orphan), be)
         except BackendError as exc:
             raise _Fail("infra_error", "infra", f"provisioning failed: {exc.one_line()}") from None
         except RollboxError as exc:

@@ -534,6 +534,16 @@ class GVisorSandbox(NamespaceSandbox):
                 self.client.exec(req, on_pid=on_pid, on_stdout=out.feed, on_stderr=err.feed),
                 timeout,
             )
+        except asyncio.CancelledError:
+            # Cancelled, not timed out: kill the command's tree all the same.
+            if gpid:
+                kill = asyncio.ensure_future(self.kill_tree(gpid[0]))
+                while not kill.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.shield(kill)
+                with contextlib.suppress(RollboxError, OSError):
+                    kill.result()
+            raise
         except TimeoutError:
             if gpid:
                 try:

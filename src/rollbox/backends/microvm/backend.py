@@ -399,6 +399,16 @@ class MicroVMSandbox(SandboxHandle):
                 reply = await asyncio.wait_for(ch.reply(rid, on_frame), guard)
             except TimeoutError:
                 raise BackendError(f"sandbox {self.id}: the guest agent stopped answering")
+            except asyncio.CancelledError:
+                # Cancelled: the guest agent kills the command's tree (its cgroup).
+                kill = asyncio.ensure_future(asyncio.wait_for(ch.call("kill", target=rid), 10))
+                while not kill.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.shield(kill)
+                with contextlib.suppress(Exception):
+                    kill.result()
+                ch.queues.pop(rid, None)
+                raise
         duration = time.monotonic() - t0
         if "error" in reply:
             _raise_agent_error(reply["error"])

@@ -486,6 +486,16 @@ class NamespaceBackend(Backend):
         return None
 
 
+async def _shielded_kill(xcg: Cgroup) -> None:
+    """Kill an exec's cgroup in a thread, to the end even when the caller is cancelled."""
+    kill = asyncio.ensure_future(asyncio.to_thread(xcg.kill_all))
+    while not kill.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(kill)
+    with contextlib.suppress(OSError, RollboxError):
+        kill.result()
+
+
 BOX = "box"
 """Sub-group (pids + freezer) holding every exec's own group; the sandbox's group keeps
 ``PIDS_RESERVE`` pids more than the limit for the agent, so a fork bomb inside can never
@@ -694,6 +704,11 @@ class NamespaceSandbox(SandboxHandle):
                     req, cgroup_fds=cg_fds, on_stdout=out.feed, on_stderr=err.feed
                 )
                 agent_exit = await (run if timeout is None else asyncio.wait_for(run, timeout))
+            except asyncio.CancelledError:
+                # Cancelled (e.g. a policy's own timeout, Ctrl-C): the command's tree must
+                # not outlive the exec; the kill runs to completion even if cancelled again.
+                await _shielded_kill(xcg)
+                raise
             except TimeoutError:
                 await asyncio.to_thread(xcg.kill_all)
                 raise ExecTimeoutError(
