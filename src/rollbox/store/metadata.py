@@ -78,8 +78,12 @@ rollouts_table = Table(
     Column("provenance_digest", String(80)),
 )
 
-ROLLOUT_COLUMNS = ("id", "run_id", "task_name", "attempt", "status", "provenance_digest")
-"""Columns that duplicate a record field; ``rollbox verify`` checks they agree with ``doc``."""
+ROLLOUT_COLUMNS = tuple(c.name for c in rollouts_table.columns if c.name != "doc")
+"""Every rollout column but ``doc``: each repeats a record field, and ``rollbox verify``
+checks each one against the document (a column edited in the database shows)."""
+
+RUN_COLUMNS = tuple(c.name for c in runs_table.columns if c.name != "doc")
+"""Every run column but ``doc``, checked against the run document the same way."""
 
 
 def normalize_url(url: str) -> str:
@@ -119,6 +123,16 @@ def _rollout_row(r: RolloutRecord) -> dict[str, Any]:
     }
 
 
+def rollout_columns(r: RolloutRecord) -> dict[str, Any]:
+    """The query columns a rollout record is stored with (what ``verify`` expects to find)."""
+    return {k: v for k, v in _rollout_row(r).items() if k != "doc"}
+
+
+def run_columns(r: RunRecord) -> dict[str, Any]:
+    """The query columns a run record is stored with (what ``verify`` expects to find)."""
+    return {k: v for k, v in _run_row(r).items() if k != "doc"}
+
+
 def _run_row(r: RunRecord) -> dict[str, Any]:
     return {
         "id": r.id,
@@ -131,8 +145,8 @@ def _run_row(r: RunRecord) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class RawRollout:
-    """A rollout row as stored, unparsed (what ``rollbox verify`` inspects)."""
+class RawRow:
+    """A run or rollout row as stored, unparsed (what ``rollbox verify`` inspects)."""
 
     columns: dict[str, Any]
     """The query columns."""
@@ -392,7 +406,18 @@ class MetaStore:
         """Every rollout of a run, ordered by task, attempt and creation time."""
         return [_parse_rollout(r.columns["id"], r.doc) for r in self.raw_rollouts_of(run_id)]
 
-    def raw_rollouts_of(self, run_id: str) -> list[RawRollout]:
+    def raw_run(self, run_id: str) -> RawRow | None:
+        """The run row as stored, unparsed (None if there is none)."""
+        cols = [runs_table.c[name] for name in RUN_COLUMNS]
+        with self._begin() as conn:
+            row = conn.execute(
+                select(*cols, runs_table.c.doc).where(runs_table.c.id == run_id)
+            ).first()
+        if row is None:
+            return None
+        return RawRow(columns=dict(zip(RUN_COLUMNS, row[:-1], strict=True)), doc=row[-1])
+
+    def raw_rollouts_of(self, run_id: str) -> list[RawRow]:
         """Rows of a run's rollouts without parsing (for integrity checks)."""
         cols = [rollouts_table.c[name] for name in ROLLOUT_COLUMNS]
         q = (
@@ -405,7 +430,7 @@ class MetaStore:
         with self._begin() as conn:
             rows = conn.execute(q).all()
         return [
-            RawRollout(columns=dict(zip(ROLLOUT_COLUMNS, row[:-1], strict=True)), doc=row[-1])
+            RawRow(columns=dict(zip(ROLLOUT_COLUMNS, row[:-1], strict=True)), doc=row[-1])
             for row in rows
         ]
 
@@ -464,9 +489,12 @@ def _parse_rollout(rollout_id: str, doc: str) -> RolloutRecord:
 
 __all__ = [
     "ROLLOUT_COLUMNS",
+    "RUN_COLUMNS",
     "MetaStore",
-    "RawRollout",
+    "RawRow",
     "normalize_url",
+    "rollout_columns",
     "rollouts_table",
+    "run_columns",
     "runs_table",
 ]

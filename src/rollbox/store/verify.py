@@ -1,15 +1,18 @@
 """``rollbox verify``: recompute every digest of a run and name whatever does not match.
 
-Checks, per rollout row: the stored document parses; the query columns agree with the
-document (an edit of one in the database shows); every referenced blob exists and still
-hashes to its reference; the provenance digest recomputes; retry links point at stored
-records. For a sealed run: the run record's own digest, and that the set of rollouts and
-their digests is exactly the one sealed (a deleted or added record shows).
+Checks, per rollout row: the stored document parses; every query column (each repeats a
+document field: status, reward, task name, ...) agrees with the document, so an edit of one
+in the database shows; every referenced blob exists and still hashes to its reference; the
+provenance digest recomputes; retry links point at stored records. For the run row: its
+query columns (status, timestamps, owner pid) agree with its document. For a sealed run: the
+run record's own digest, and that the set of rollouts and their digests is exactly the one
+sealed (a deleted or added record shows).
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 from pydantic import ValidationError
 
@@ -17,7 +20,7 @@ from rollbox.errors import StoreError
 from rollbox.models import Model, RolloutRecord, RunRecord
 from rollbox.store import provenance
 from rollbox.store.blobs import BlobStore
-from rollbox.store.metadata import ROLLOUT_COLUMNS, MetaStore
+from rollbox.store.metadata import MetaStore, rollout_columns, run_columns
 
 _UNFINISHED = ("queued", "running")
 
@@ -43,14 +46,23 @@ class VerifyReport(Model):
     """Limits of the check (e.g. an unsealed, still running run)."""
 
 
-def _column_problems(rec: RolloutRecord, columns: dict[str, object]) -> list[str]:
+def _same(stored: object, expected: object) -> bool:
+    if isinstance(stored, float) and isinstance(expected, float):
+        # a reward can be NaN; NaN is not equal to itself but is no edit
+        return stored == expected or (math.isnan(stored) and math.isnan(expected))
+    return stored == expected
+
+
+def _column_problems(
+    what: str, columns: dict[str, object], expected: dict[str, object]
+) -> list[str]:
+    """One line per query column that differs from the value the document implies."""
     out = []
-    for name in ROLLOUT_COLUMNS:
-        stored = columns[name]
-        expected = getattr(rec, name)
-        if stored != expected:
+    for name, want in expected.items():
+        stored = columns.get(name)
+        if not _same(stored, want):
             out.append(
-                f"rollout {rec.id}: column {name} is {stored!r} in the table but {expected!r}"
+                f"{what}: column {name} is {stored!r} in the table but {want!r}"
                 " in the record (edited in the database)"
             )
     return out
@@ -69,6 +81,10 @@ def verify_run(meta: MetaStore, blobs: BlobStore, run_id: str) -> VerifyReport:
     except StoreError as exc:
         run = None
         problems.append(f"run {run_id}: {exc.message} (record tampered with)")
+    if run is not None:
+        raw_run = meta.raw_run(run_id)
+        if raw_run is not None:
+            problems += _column_problems(f"run {run_id}", raw_run.columns, run_columns(run))
     raws = meta.raw_rollouts_of(run_id)
     digests: dict[str, str | None] = {}
     records: list[RolloutRecord] = []
@@ -89,7 +105,7 @@ def verify_run(meta: MetaStore, blobs: BlobStore, run_id: str) -> VerifyReport:
             continue
         records.append(rec)
         digests[rid] = rec.provenance_digest
-        problems += _column_problems(rec, raw.columns)
+        problems += _column_problems(f"rollout {rec.id}", raw.columns, rollout_columns(rec))
         blob_count += len(rec.blob_refs())
         found = provenance.check(rec, blobs, hashes)
         if rec.provenance_digest is None and rec.status in _UNFINISHED:
