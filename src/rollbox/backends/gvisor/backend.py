@@ -153,8 +153,9 @@ class GVisorBackend(NamespaceBackend):
             raise BackendUnavailableError(
                 "the gvisor backend needs root (cgroups, overlay mounts)", hint="run as root"
             )
-        if not Path("/sys/fs/cgroup/freezer/cgroup.procs").exists():
-            raise BackendUnavailableError("cgroup v1 freezer controller is not mounted")
+        from rollbox.backends.common.cgroups import require_cgroups
+
+        require_cgroups()
         self.home.ensure()
         runsc_root(self.home).mkdir(mode=0o700, exist_ok=True)
         self._helper = helper_binary(self.home)
@@ -219,7 +220,7 @@ class GVisorBackend(NamespaceBackend):
             ],
             hostname=spec.hostname,
             limits=spec.limits,
-            cgroups_path=f"/{cg.name}",
+            cgroups_path=cg.oci_path,
             ro_binds={
                 f"{AGENT_DIR}/agent": self._agent,
                 HELPER: self._helper,

@@ -173,8 +173,9 @@ class NamespaceBackend(Backend):
                 "the namespace backend needs root (cgroups, overlay mounts)",
                 hint="run as root",
             )
-        if not Path("/sys/fs/cgroup/freezer/cgroup.procs").exists():
-            raise BackendUnavailableError("cgroup v1 freezer controller is not mounted")
+        from rollbox.backends.common.cgroups import require_cgroups
+
+        require_cgroups()
         with self._prepare_lock:  # concurrent creates call this from worker threads
             if self._agent is not None:
                 return
@@ -326,7 +327,7 @@ class NamespaceBackend(Backend):
     ) -> subprocess.Popen[bytes]:
         """Spawn ``rollbox-agent launch … bwrap …``; the caller reaps the launcher."""
         assert self._agent is not None and self._seccomp is not None and self._bwrap is not None
-        procs = ",".join(str(p / "cgroup.procs") for p in cg.paths.values())
+        procs = ",".join(str(p) for p in cg.procs_files())
         seccomp_fd = os.open(self._seccomp, os.O_RDONLY)
         argv = [str(self._agent), "launch", procs, netns, "--", self._bwrap]
         argv += ["--bind", str(sdir / "rootfs"), "/", "--dev", "/dev", "--proc", "/proc"]
@@ -504,11 +505,9 @@ PIDS_RESERVE = 16
 
 
 def _make_box(cg: Cgroup, pids: int | None) -> None:
-    for ctrl in ("pids", "freezer"):
-        (cg.paths[ctrl] / BOX).mkdir(exist_ok=True)
     if pids is not None:
         (cg.paths["pids"] / "pids.max").write_text(str(pids + PIDS_RESERVE))
-        (cg.paths["pids"] / BOX / "pids.max").write_text(str(pids))
+    cg.child(BOX, ("pids", "freezer"), pids_max=pids)
 
 
 def _wait_ready(fd: int, timeout: float = 10.0) -> bool:
@@ -684,20 +683,13 @@ class NamespaceSandbox(SandboxHandle):
         err = StreamCapture(cap, secret_values, on_stderr)
         self._exec_seq += 1
         xname = f"{BOX}/x{os.getpid()}-{self._exec_seq}-{time.monotonic_ns() % 1000000}"
-        xcg = Cgroup(
-            f"{self.cgroup.name}/{xname}",
-            {c: self.cgroup.paths[c] / xname for c in ("pids", "freezer")},
-        )
-        for path in xcg.paths.values():
-            path.mkdir()
+        xcg = self.cgroup.child(xname, ("pids", "freezer"))
         oom_before = self._oom_kills()
         started = time.monotonic()
 
         # The command joins its own cgroups itself, through open cgroup.procs files passed
         # with the request (no pid round trip; the fds are close-on-exec inside).
-        cg_fds = [
-            os.open(p / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for p in xcg.paths.values()
-        ]
+        cg_fds = [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in xcg.procs_files()]
         try:
             try:
                 run = self.client.exec(
@@ -722,11 +714,8 @@ class NamespaceSandbox(SandboxHandle):
         finally:
             for fd in cg_fds:
                 os.close(fd)
-            with contextlib.suppress(OSError):
-                # Survivors (background daemons) keep their group until destroy.
-                if not (xcg.paths["pids"] / "cgroup.procs").read_text().strip():
-                    for path in xcg.paths.values():
-                        path.rmdir()
+            # Survivors (background daemons) keep their group until destroy.
+            xcg.remove_if_empty()
         duration = time.monotonic() - started
         if agent_exit.fail_stage == "chdir":
             raise InvalidInputError(
@@ -754,15 +743,8 @@ class NamespaceSandbox(SandboxHandle):
         )
 
     def _oom_kills(self) -> int:
-        """``oom_kill`` of the sandbox's memory group (no sub-groups in that controller)."""
-        try:
-            text = (self.cgroup.paths["memory"] / "memory.oom_control").read_text()
-        except FileNotFoundError:
-            return 0
-        for line in text.splitlines():
-            if line.startswith("oom_kill "):
-                return int(line.split()[1])
-        return 0
+        """OOM kills in the sandbox's group (any cgroup version)."""
+        return self.cgroup.oom_kills()
 
     # ------------------------------------------------------------------ files
 

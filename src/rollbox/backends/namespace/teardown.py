@@ -2,8 +2,9 @@
 
 Killing the agent -- PID 1 of the sandbox's pid namespace -- makes the kernel kill every
 other process of the namespace, so no freezer round trip is needed; the outer ``bwrap``
-is killed alongside. Then the known cgroup directories are removed deepest first and the
-two mounts are unmounted directly, without scanning the host's mount table.
+is killed alongside (on cgroup v2 one ``cgroup.kill`` does all of it). Then the known
+cgroup directories are removed deepest first and the two mounts are unmounted directly,
+without scanning the host's mount table.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def kill_sandbox(cg: Cgroup) -> bool:
     pids_dir = cg.paths["pids"]
     if not pids_dir.is_dir():
         return True
+    if cg.version == 2:
+        return _kill_v2(pids_dir)
     # Top-level tasks are bwrap, the agent (ns PID 1) and exec sessions; exec children
     # live below box/ and die with the pid namespace.
     for pid in _procs(pids_dir):
@@ -69,6 +72,30 @@ def kill_sandbox(cg: Cgroup) -> bool:
         delay = min(delay * 2, 0.01)
 
 
+def _kill_v2(top: Path) -> bool:
+    """``cgroup.kill`` the sandbox's whole subtree (frozen tasks die too on v2) and wait
+    for ``populated 0``."""
+    try:
+        (top / "cgroup.kill").write_text("1")
+    except FileNotFoundError:
+        return False  # kernel < 5.14: the generic freeze + SIGKILL loop
+    deadline = time.monotonic() + KILL_WAIT_S
+    delay = 0.0002
+    while "populated 1" in _events(top):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.01)
+    return True
+
+
+def _events(top: Path) -> str:
+    try:
+        return (top / "cgroup.events").read_text()
+    except FileNotFoundError:
+        return ""
+
+
 def remove_cgroup_dirs(cg: Cgroup) -> bool:
     """rmdir the sandbox's group in every controller, children first.
 
@@ -76,10 +103,10 @@ def remove_cgroup_dirs(cg: Cgroup) -> bool:
         False when a directory could not be removed (caller falls back).
     """
     ok = True
-    # Every mounted v1 hierarchy: OCI runtimes (gVisor) also make the group in cpuset,
-    # devices and named hierarchies.
     tops = {p for p in cg.paths.values()}
-    for hierarchy in CGROUP_ROOT.iterdir():
+    # Every mounted v1 hierarchy: OCI runtimes (gVisor) also make the group in cpuset,
+    # devices and named hierarchies. (On v2 the one directory is all.)
+    for hierarchy in CGROUP_ROOT.iterdir() if cg.version == 1 else ():
         if hierarchy.name != "unified" and not hierarchy.is_symlink():
             tops.add(hierarchy / cg.name)
     for top in sorted(tops):
