@@ -269,6 +269,12 @@ class SandboxInfo(Model):
     """Backend-specific runtime facts (pids, paths, netns name...)."""
 
 
+LimitReason = Literal["oom_killed", "pids_exhausted", "disk_full", "ttl_expired"]
+"""A sandbox limit a command or rollout ran into: the memory limit (a process was OOM-killed),
+the pids limit (a fork failed), the disk limit (the writable layer filled up), the TTL (the
+sandbox was destroyed under it)."""
+
+
 class ExecResult(Model):
     """Result of one command run in a sandbox."""
 
@@ -282,6 +288,10 @@ class ExecResult(Model):
     """Wall-clock time of the command."""
     oom_killed: bool = False
     """The kernel OOM-killed a process of this command (memory limit)."""
+    pids_exhausted: bool = False
+    """A process of this command could not fork: the sandbox's pids limit was reached."""
+    disk_full: bool = False
+    """The sandbox's writable layer was full when the command ended (``disk_mb`` reached)."""
     truncated: bool = False
     """stdout or stderr was cut at the output cap."""
 
@@ -289,6 +299,16 @@ class ExecResult(Model):
     def ok(self) -> bool:
         """True when the command exited 0."""
         return self.exit_code == 0
+
+    @property
+    def reasons(self) -> list[LimitReason]:
+        """The limits this command ran into, in a fixed order (empty: none)."""
+        flags: list[tuple[bool, LimitReason]] = [
+            (self.oom_killed, "oom_killed"),
+            (self.pids_exhausted, "pids_exhausted"),
+            (self.disk_full, "disk_full"),
+        ]
+        return [name for hit, name in flags if hit]
 
 
 class Capabilities(Model):
@@ -488,6 +508,12 @@ class RolloutRecord(RecordModel):
     """One-line reason when status is failed/infra_error/interrupted."""
     error_kind: ErrorKind | None = None
     """Who is to blame for the error."""
+    reasons: list[LimitReason] = []
+    """Sandbox limits reached during the rollout (``oom_killed``, ``pids_exhausted``,
+    ``disk_full``, ``ttl_expired``), each once, first seen first; reached in the agent phase
+    they make a later failure the agent's (never retried)."""
+    reason_phases: dict[str, str] = {}
+    """For each entry of ``reasons``: the phase it was reached in (``agent``, ``verify``...)."""
     exit_codes: dict[str, int] = {}
     """Exit codes by step (``setup``, ``agent``, ``verifier``...)."""
     agent_timed_out: bool = False

@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rollbox.cli import validate
 from rollbox.cli.output import JSON_OPTION, console, emit, err_console, fail
 from rollbox.config import Home
 from rollbox.models import RolloutRecord, RunRecord
@@ -80,22 +83,40 @@ def _stores(db: str | None) -> tuple[Home, Any, Any]:
     return home, MetaStore(db, home=home), BlobStore(home)
 
 
-async def _with_sigterm(coro: Any) -> Any:
-    """Run ``coro``; SIGTERM cancels it like Ctrl-C does (clean teardown)."""
+async def _with_signals(coro: Any, stoppable: Callable[[], bool] = lambda: True) -> Any:
+    """Run ``coro``; the first SIGINT or SIGTERM cancels it (clean teardown), once.
+
+    Later signals are ignored: a second cancellation would cut short the teardown the first
+    one started (sandboxes destroyed, records saved ``interrupted``). A signal that arrives
+    once ``stoppable()`` is False (every rollout already final) is ignored too: the run
+    finishes and is reported as usual.
+    """
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
-    try:
-        if task is not None:
-            loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    except (NotImplementedError, RuntimeError):
-        pass
+    fired: list[int] = []
+
+    def on_signal(sig: int) -> None:
+        if fired or task is None or not stoppable():
+            return
+        fired.append(sig)
+        task.cancel()
+
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, on_signal, sig)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
     try:
         return await coro
     finally:
-        try:
-            loop.remove_signal_handler(signal.SIGTERM)
-        except (NotImplementedError, RuntimeError):
-            pass
+        for sig in installed:
+            # Ignored, not restored: nothing is left to interrupt, and a late signal must
+            # not raise KeyboardInterrupt while the report is printed.
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, signal.SIG_IGN)
 
 
 def register(app: typer.Typer) -> None:
@@ -111,12 +132,23 @@ def register(app: typer.Typer) -> None:
             None,
             "--attempts",
             help="Attempts per task (default: the task's \\[rollbox] attempts, or 1).",
+            callback=validate.int_range("--attempts", 1, validate.MAX_COUNT),
         ),
-        concurrency: int = typer.Option(4, "--concurrency", help="Rollouts at once."),
+        concurrency: int = typer.Option(
+            4,
+            "--concurrency",
+            help="Rollouts at once.",
+            callback=validate.int_range("--concurrency", 1, validate.MAX_CONCURRENCY),
+        ),
         backend: str = typer.Option(
             "auto", "--backend", help="namespace, gvisor, microvm or auto."
         ),
-        retries: int = typer.Option(1, "--retries", help="Retries per rollout (infra errors)."),
+        retries: int = typer.Option(
+            1,
+            "--retries",
+            help="Retries per rollout (infra errors).",
+            callback=validate.int_range("--retries", 0, 10),
+        ),
         group_from_snapshot: bool = typer.Option(
             False, "--group-from-snapshot", help="Set up once per task, fork attempts from it."
         ),
@@ -124,7 +156,14 @@ def register(app: typer.Typer) -> None:
             None, "--db", envvar="ROLLBOX_DB", help="Metadata store URL (default SQLite)."
         ),
         resume: str | None = typer.Option(None, "--resume", help="Finish an interrupted run."),
-        seed: int = typer.Option(0, "--seed", help="Base seed of the per-rollout seeds."),
+        seed: int = typer.Option(
+            0, "--seed", help="Base seed of the per-rollout seeds.", callback=validate.seed()
+        ),
+        max_rollouts: int | None = typer.Option(
+            None,
+            "--max-rollouts",
+            help="Allow more than 10,000 rollouts (tasks × attempts) in this run.",
+        ),
         json_: bool = JSON_OPTION,
     ) -> None:
         """Run Harbor tasks × attempts, each in a fresh sandbox; print the report."""
@@ -148,6 +187,7 @@ def register(app: typer.Typer) -> None:
             retries=retries,
             group_from_snapshot=group_from_snapshot,
             seed=seed,
+            max_rollouts=max_rollouts,
         )
         live = _Live(enabled=not json_)
         events = RunEvents(on_start=live.start, on_rollout=live.update)
@@ -160,18 +200,20 @@ def register(app: typer.Typer) -> None:
             console.print(f"{verb} {run.id}: agent {runner.options.agent}")
             console.print(f"backend: {choice.name} ({choice.reason})")
         try:
-            result = asyncio.run(_with_sigterm(runner.execute()))
+            asyncio.run(_with_signals(runner.execute(), lambda: runner.stoppable))
         except (KeyboardInterrupt, asyncio.CancelledError):
-            live.stop()
-            msg = f"interrupted: {run.id} (finish it with: rollbox run --resume {run.id})"
-            if json_:
-                emit({"run_id": run.id, "status": "interrupted"}, True)
-            else:
-                err_console.print(msg)
-            raise typer.Exit(130) from None
+            if not runner.completed:  # else: the signal came after the run was closed
+                live.stop()
+                msg = f"interrupted: {run.id} (finish it with: rollbox run --resume {run.id})"
+                if json_:
+                    emit({"run_id": run.id, "status": "interrupted"}, True)
+                else:
+                    err_console.print(msg)
+                raise typer.Exit(130) from None
         finally:
             live.stop()
-        final = result.run
+        final = runner.run
+        assert final is not None
         summary = summarize(final, meta.rollouts_of(final.id))
         if json_:
             emit(
@@ -195,7 +237,12 @@ def register(app: typer.Typer) -> None:
     @app.command("repro")
     def repro_cmd(
         run_ref: str = typer.Argument(..., help="Run id (or unique prefix) to re-run."),
-        concurrency: int = typer.Option(4, "--concurrency", help="Rollouts at once."),
+        concurrency: int = typer.Option(
+            4,
+            "--concurrency",
+            help="Rollouts at once.",
+            callback=validate.int_range("--concurrency", 1, validate.MAX_CONCURRENCY),
+        ),
         db: str | None = typer.Option(
             None, "--db", envvar="ROLLBOX_DB", help="Metadata store URL (default SQLite)."
         ),
@@ -212,7 +259,7 @@ def register(app: typer.Typer) -> None:
         events = RunEvents(on_start=live.start, on_rollout=live.update)
         try:
             new_run, items = asyncio.run(
-                _with_sigterm(
+                _with_signals(
                     repro_run(home, meta, blobs, run_ref, concurrency=concurrency, events=events)
                 )
             )

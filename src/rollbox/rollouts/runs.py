@@ -9,21 +9,29 @@ Task, agent and verifier failures are never retried: they are results.
 set up, snapshotted into a baseline (parent recorded) and destroyed; the task's attempts all
 start from that snapshot and share a ``group_id``.
 
-Cancellation (Ctrl-C, SIGTERM) cancels every rollout: each tears its sandboxes down and saves
-itself as ``interrupted``; the run is saved as ``interrupted``. A run whose process was killed
-(SIGKILL) is found by :func:`reap_stale_runs` (its owner pid is gone) and marked the same
-way; ``resume`` then runs exactly the slots (task, attempt) that have no final record.
+Rollouts fan out through :func:`~rollbox.rollouts.scheduler.run_pool`: ``concurrency``
+workers pull slots from a lazy iterator, so pending work is O(concurrency), not one task per
+rollout; a run holds at most :data:`~rollbox.rollouts.scheduler.MAX_ROLLOUTS` rollouts unless
+``max_rollouts`` raises the limit.
+
+Cancellation (Ctrl-C, SIGTERM) cancels every rollout: each tears its sandboxes down (a create
+in flight is waited for and destroyed) and saves itself as ``interrupted``; the run is saved
+as ``interrupted``. A run whose process was killed (SIGKILL) is found by
+:func:`reap_stale_runs` (its owner pid is gone) and marked the same way, as is any rollout
+record left ``running``/``queued`` in a run no live process owns; ``resume`` then runs exactly
+the slots (task, attempt) that have no final record.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import socket
 import tarfile
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,11 +46,14 @@ from rollbox.models import PhaseStamp, RolloutRecord, RunRecord, utcnow
 from rollbox.rollouts.agents import Agent, parse_agent
 from rollbox.rollouts.backend_choice import BackendChoice, choose_backend
 from rollbox.rollouts.runner import RolloutPlan, RolloutRunner
+from rollbox.rollouts.scheduler import check_size, run_pool
 from rollbox.rollouts.tasks import Task, load_task, task_digest
 from rollbox.store.blobs import BlobStore
 from rollbox.store.metadata import MetaStore
 
 FINAL = ("done", "failed", "infra_error")
+UNFINISHED = ("queued", "running")
+"""Rollout statuses that only a live ``rollbox run`` process may hold."""
 
 
 @dataclass
@@ -58,6 +69,8 @@ class RunOptions:
     retries: int = 1
     group_from_snapshot: bool = False
     seed: int = 0
+    max_rollouts: int | None = None
+    """Largest tasks × attempts allowed (None: ``MAX_ROLLOUTS``)."""
 
     def to_args(self) -> dict[str, Any]:
         """JSON-able form (``RunRecord.args``)."""
@@ -70,6 +83,7 @@ class RunOptions:
             "retries": self.retries,
             "group_from_snapshot": self.group_from_snapshot,
             "seed": self.seed,
+            "max_rollouts": self.max_rollouts,
         }
 
     @classmethod
@@ -88,6 +102,8 @@ class RunOptions:
             raise InvalidInputError("--attempts must be at least 1")
         if self.retries < 0:
             raise InvalidInputError("--retries must be 0 or more")
+        if self.max_rollouts is not None and self.max_rollouts < 1:
+            raise InvalidInputError("--max-rollouts must be at least 1")
 
 
 @dataclass
@@ -146,43 +162,44 @@ def pid_alive(pid: int | None) -> bool:
 
 
 def stale_runs(meta: MetaStore) -> list[str]:
-    """Ids of runs still marked ``running`` whose ``rollbox run`` process (on this host) is gone."""
+    """Ids of runs :func:`reap_stale_runs` would mark: marked ``running`` with their
+    ``rollbox run`` process (on this host) gone, or closed with an unfinished record."""
     here = socket.gethostname()
-    return [
-        run.id
-        for run in meta.list_runs(status="running")
-        if run.status == "running"
-        and not pid_alive(run.owner_pid)
-        and (not run.host or run.host == here)
-    ]
+    out = []
+    for run in meta.list_runs():
+        if run.host and run.host != here:
+            continue
+        if run.status == "running":
+            if not pid_alive(run.owner_pid):
+                out.append(run.id)
+        elif any(meta.count_rollouts(run.id).get(s) for s in UNFINISHED):
+            out.append(run.id)
+    return out
 
 
 def reap_stale_runs(meta: MetaStore, blobs: BlobStore) -> list[str]:
     """Mark runs whose ``rollbox run`` process is gone as ``interrupted``.
 
     Their unfinished rollout records become ``interrupted`` (sealed); finished ones are left
-    exactly as they are. Returns the ids of the runs marked.
+    exactly as they are. Runs already closed (``interrupted``, ``done``, ``failed``) that
+    still hold a ``running`` or ``queued`` record (their process was killed while closing)
+    get those records marked too. Returns the ids of the runs marked.
     """
-    from rollbox.store.provenance import finalize_run, seal
+    from rollbox.store.provenance import finalize_run
 
     marked: list[str] = []
     here = socket.gethostname()
-    for run in meta.list_runs(status="running"):
-        if run.status != "running" or pid_alive(run.owner_pid):
+    for run in meta.list_runs():
+        if run.status == "running" and pid_alive(run.owner_pid):
             continue
         if run.host and run.host != here:
             continue  # a shared PostgreSQL store: another machine's pids mean nothing here
-        for rec in meta.rollouts_of(run.id):
-            if rec.status in FINAL or rec.status == "interrupted":
-                continue
-            rec.status = "interrupted"
-            rec.error = f"rollbox run (pid {run.owner_pid}) died before this rollout finished"
-            rec.error_kind = "infra"
-            rec.stamp("interrupted")
-            rec.finished_at = utcnow()
-            meta.save_rollout(seal(rec, blobs))
-        run.status = "interrupted"
-        run.finished_at = utcnow()
+        fixed = _interrupt_unfinished(meta, blobs, run)
+        if run.status != "running" and not fixed:
+            continue
+        if run.status == "running":
+            run.status = "interrupted"
+            run.finished_at = utcnow()
         meta.update_run(run)
         try:
             finalize_run(meta, meta.get_run(run.id))
@@ -190,6 +207,35 @@ def reap_stale_runs(meta: MetaStore, blobs: BlobStore) -> list[str]:
             pass
         marked.append(run.id)
     return marked
+
+
+def _interrupt_unfinished(meta: MetaStore, blobs: BlobStore, run: RunRecord) -> int:
+    """Seal the run's ``running``/``queued`` records as ``interrupted``; how many."""
+    from rollbox.store.provenance import seal
+
+    if not any(meta.count_rollouts(run.id).get(s) for s in UNFINISHED):
+        return 0  # one grouped query per run; records are read only when needed
+    n = 0
+    for rec in meta.rollouts_of(run.id):
+        if rec.status not in UNFINISHED:
+            continue
+        rec.status = "interrupted"
+        rec.error = f"rollbox run (pid {run.owner_pid}) died before this rollout finished"
+        rec.error_kind = "infra"
+        rec.stamp("interrupted")
+        rec.finished_at = utcnow()
+        meta.save_rollout(seal(rec, blobs))
+        n += 1
+    return n
+
+
+async def _to_the_end(coro: Any) -> None:
+    """Await ``coro`` to its end even if the caller is cancelled (again) meanwhile."""
+    fut = asyncio.ensure_future(coro)
+    while not fut.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(fut)
+    fut.result()
 
 
 def resolve_baseline(task: Task, home: Home) -> str:
@@ -297,6 +343,11 @@ class Run:
         self.choice: BackendChoice | None = None
         self.agent: Agent | None = None
         self.run: RunRecord | None = None
+        self._tasks: list[tuple[str, Task | None, str | None]] | None = None
+        self.stoppable = True
+        """False once every rollout is final: a signal then no longer interrupts the run."""
+        self.completed = False
+        """True once the run is closed (its record final)."""
 
     # ------------------------------------------------------------------ setup
 
@@ -304,6 +355,9 @@ class Run:
         """Validate the options, choose the backend, create the run record."""
         self.options.validate()
         self.agent = parse_agent(self.options.agent)
+        check_size(
+            sum(self._attempts(t) for _, t, _ in self._load_tasks()), self.options.max_rollouts
+        )
         self.choice = choose_backend(self.options.backend, self.home)
         run = RunRecord(
             id=new_id("run"),
@@ -357,21 +411,25 @@ class Run:
             self._runners[backend] = r
         return r
 
-    def _slots(self, existing: list[RolloutRecord]) -> list[_Slot]:
-        tasks: list[tuple[str, Task | None, str | None]] = []
-        for d in self.options.task_dirs:
-            try:
-                tasks.append((str(Path(d).absolute()), load_task(d), None))
-            except TaskError as exc:
-                tasks.append((str(Path(d).absolute()), None, exc.one_line()))
+    def _load_tasks(self) -> list[tuple[str, Task | None, str | None]]:
+        """(absolute path, task or None, load error) per task directory (loaded once)."""
+        if self._tasks is None:
+            tasks: list[tuple[str, Task | None, str | None]] = []
+            for d in self.options.task_dirs:
+                try:
+                    tasks.append((str(Path(d).absolute()), load_task(d), None))
+                except TaskError as exc:
+                    tasks.append((str(Path(d).absolute()), None, exc.one_line()))
+            self._tasks = tasks
+        return self._tasks
+
+    def _slots(self, existing: list[RolloutRecord]) -> Iterator[_Slot]:
+        """The slots still to run, produced lazily (attempt-major, as before)."""
+        tasks = self._load_tasks()
         by_slot: dict[tuple[str, int], list[RolloutRecord]] = {}
         for rec in existing:
             by_slot.setdefault((rec.task_path, rec.attempt), []).append(rec)
-        slots: list[_Slot] = []
-        max_k = max(
-            (self._attempts(t) for _, t, _ in tasks),
-            default=1,
-        )
+        max_k = max((self._attempts(t) for _, t, _ in tasks), default=1)
         for attempt in range(max_k):
             for path, task, err in tasks:
                 if attempt >= self._attempts(task):
@@ -380,10 +438,7 @@ class Run:
                 if any(r.status in FINAL and r.retried_by is None for r in recs):
                     continue
                 pending = [r for r in recs if r.retried_by is None]
-                slots.append(
-                    _Slot(path, attempt, task, err, replaces=pending[-1].id if pending else None)
-                )
-        return slots
+                yield _Slot(path, attempt, task, err, replaces=pending[-1].id if pending else None)
 
     def _attempts(self, task: Task | None) -> int:
         if self.options.attempts is not None:
@@ -410,30 +465,37 @@ class Run:
         asyncio.get_running_loop().set_default_executor(executor_for(self.options.concurrency))
         reap_stale_runs(self.meta, self.blobs)
         existing = await asyncio.to_thread(self.meta.rollouts_of, run.id)
-        slots = self._slots(existing)
+        total = sum(1 for _ in self._slots(existing))
         # Baselines first (a Dockerfile build or the default bootstrap can take a while):
         # that is preparation, not queue time of the rollouts.
-        for task in {s.task.digest: s.task for s in slots if s.task is not None}.values():
+        for _path, task, _err in self._load_tasks():
+            if task is None:
+                continue
             try:
                 await self._baseline(task)
             except RollboxError:
                 pass  # recorded; each of the task's slots reports it as a failed rollout
         if self.events.on_start:
-            self.events.on_start(run, len(slots))
+            self.events.on_start(run, total)
         before = HostState.capture(self.home.sandboxes) if self.check_host else None
-        sem = asyncio.Semaphore(self.options.concurrency)
+        queued_at = utcnow()
         status = "done"
         try:
-            async with asyncio.TaskGroup() as tg:
-                for slot in slots:
-                    tg.create_task(self._slot(slot, sem))
+            await run_pool(
+                self._slots(existing),
+                lambda slot: self._slot(slot, queued_at),
+                self.options.concurrency,
+            )
         except BaseException as exc:
             status = "interrupted"
             if not isinstance(exc, asyncio.CancelledError | KeyboardInterrupt):
                 status = "failed"
-            await asyncio.shield(self._close(run, status, before))
+            await _to_the_end(self._close(run, status, before))
             raise
-        await self._close(run, status, before)
+        # Every rollout is final: from here on a signal does not interrupt the run.
+        self.stoppable = False
+        await _to_the_end(self._close(run, status, before))
+        self.completed = True
         return RunResult(run=self.run, rollouts=self.records)
 
     async def _close(self, run: RunRecord, status: str, before: HostState | None) -> None:
@@ -464,33 +526,31 @@ class Run:
 
         self.run = await asyncio.to_thread(work)
 
-    async def _slot(self, slot: _Slot, sem: asyncio.Semaphore) -> None:
-        queued_at = utcnow()
-        async with sem:
-            if slot.task is None or slot.error is not None:
-                await self._record_load_failure(slot, queued_at)
-                return
-            task = slot.task
-            assert self.agent is not None and self.run is not None
-            runner = self._runner(self._backend_for(task))
-            retry_of = slot.replaces
-            previous: RolloutRecord | None = None
-            if retry_of is not None:
-                previous = await asyncio.to_thread(self.meta.get_rollout, retry_of)
-            for n in range(self.options.retries + 1):
-                plan = await self._plan(slot, task, runner, queued_at, retry_of)
-                if isinstance(plan, RolloutRecord):
-                    rec = plan
-                else:
-                    if previous is not None:
-                        plan.extra["retry_reason"] = previous.error or previous.status
-                    rec = await runner.run(plan)
+    async def _slot(self, slot: _Slot, queued_at: Any) -> None:
+        if slot.task is None or slot.error is not None:
+            await self._record_load_failure(slot, queued_at)
+            return
+        task = slot.task
+        assert self.agent is not None and self.run is not None
+        runner = self._runner(self._backend_for(task))
+        retry_of = slot.replaces
+        previous: RolloutRecord | None = None
+        if retry_of is not None:
+            previous = await asyncio.to_thread(self.meta.get_rollout, retry_of)
+        for n in range(self.options.retries + 1):
+            plan = await self._plan(slot, task, runner, queued_at, retry_of)
+            if isinstance(plan, RolloutRecord):
+                rec = plan
+            else:
                 if previous is not None:
-                    await self._link(previous, rec.id)
-                self.records.append(rec)
-                if rec.status != "infra_error" or n == self.options.retries:
-                    return
-                previous, retry_of, queued_at = rec, rec.id, utcnow()
+                    plan.extra["retry_reason"] = previous.error or previous.status
+                rec = await runner.run(plan)
+            if previous is not None:
+                await self._link(previous, rec.id)
+            self.records.append(rec)
+            if rec.status != "infra_error" or n == self.options.retries:
+                return
+            previous, retry_of, queued_at = rec, rec.id, utcnow()
 
     async def _link(self, previous: RolloutRecord, new_id_: str) -> None:
         from rollbox.store.provenance import seal

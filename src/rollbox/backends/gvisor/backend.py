@@ -50,6 +50,7 @@ from rollbox.backends.agent.protocol import ExecRequest
 from rollbox.backends.base import OutputCallback, command_argv
 from rollbox.backends.common.bundle import DEFAULT_PATH, oci_config, write_bundle
 from rollbox.backends.common.cgroups import Cgroup
+from rollbox.backends.common.reasons import dir_full, fork_failed, tracked
 from rollbox.backends.gvisor.helper import helper_binary, statx_shim
 from rollbox.backends.namespace.backend import NamespaceBackend, NamespaceSandbox, _ping_sync
 from rollbox.backends.namespace.capture import StreamCapture
@@ -63,6 +64,7 @@ from rollbox.errors import (
     InvalidInputError,
     RollboxError,
     SandboxCrashedError,
+    SandboxExhaustedError,
     SandboxNotFoundError,
 )
 from rollbox.models import BaselineInfo, Capabilities, ExecResult, SandboxInfo, SandboxSpec
@@ -476,6 +478,10 @@ class GVisorSandbox(NamespaceSandbox):
             killed += victims
         return killed
 
+    def _disk_full(self) -> bool:
+        return self.info.spec.limits.disk_mb is not None and dir_full(self.rootfs.upperfs)
+
+    @tracked
     async def exec(
         self,
         cmd: list[str] | str,
@@ -552,19 +558,26 @@ class GVisorSandbox(NamespaceSandbox):
                 except SandboxCrashedError:
                     # The sandbox died meanwhile (e.g. its host task limit was reached).
                     self._set_state("crashed")
+                    if self._host_pids_hit() > pids_hit_before:
+                        raise SandboxExhaustedError(
+                            f"sandbox {self.id} died during a command that timed out: gVisor "
+                            f"reached its host task limit ({spec.limits.pids} processes "
+                            "inside; a fork bomb?)",
+                            reason="pids_exhausted",
+                        ) from None
                     raise SandboxCrashedError(
                         f"sandbox {self.id} died during a command that timed out"
-                        + (
-                            " (gVisor reached its host task limit)"
-                            if self._host_pids_hit() > pids_hit_before
-                            else ""
-                        )
                     ) from None
+            stderr = err.finish()
             raise ExecTimeoutError(
                 f"command timed out after {timeout:g}s (its process tree was killed)",
                 stdout=out.finish(),
-                stderr=err.finish(),
+                stderr=stderr,
                 timeout=timeout,
+                reasons=[
+                    *(["pids_exhausted"] if fork_failed(stderr) else []),
+                    *(["disk_full"] if self._disk_full() else []),
+                ],
             ) from None
         except ValueError as exc:
             raise InvalidInputError(f"bad command: {exc}") from None
@@ -572,9 +585,10 @@ class GVisorSandbox(NamespaceSandbox):
             if self.cgroup.oom_kills() <= oom_before:
                 if self._host_pids_hit() > pids_hit_before:
                     self._set_state("crashed")
-                    raise SandboxCrashedError(
+                    raise SandboxExhaustedError(
                         f"sandbox {self.id} died: gVisor reached its host task limit "
-                        f"({spec.limits.pids} processes inside; a fork bomb?)"
+                        f"({spec.limits.pids} processes inside; a fork bomb?)",
+                        reason="pids_exhausted",
                     ) from None
                 raise
             # gVisor has no OOM killer of its own: the host cgroup's kills the sentry, and
@@ -606,12 +620,17 @@ class GVisorSandbox(NamespaceSandbox):
         if agent_exit.fail_stage == "exec":
             err.feed(f"rollbox: {argv[0]}: {agent_exit.fail_message()}\n".encode())
         oom = self.cgroup.oom_kills() > oom_before
+        stderr = err.finish()
         return ExecResult(
             exit_code=agent_exit.exit_code,
             stdout=out.finish(),
-            stderr=err.finish(),
+            stderr=stderr,
             duration_s=duration,
             oom_killed=oom,
+            # RLIMIT_NPROC inside gVisor leaves no counter to read: the fork failure the
+            # command's shell (or Python) reported is the evidence.
+            pids_exhausted=fork_failed(stderr),
+            disk_full=self._disk_full(),
             truncated=out.truncated or err.truncated,
         )
 

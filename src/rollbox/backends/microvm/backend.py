@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rollbox.backends.base import Backend, OutputCallback, SandboxHandle, command_argv
+from rollbox.backends.common.reasons import is_full, tracked
 from rollbox.backends.microvm import disk, memfile, probe, qemu
 from rollbox.backends.microvm import snapshot as snaps
 from rollbox.backends.microvm.channel import AgentChannel, ChannelClosed
@@ -342,6 +343,7 @@ class MicroVMSandbox(SandboxHandle):
         return out
 
     # ------------------------------------------------------------------ exec
+    @tracked
     async def exec(
         self,
         cmd: list[str] | str,
@@ -413,19 +415,31 @@ class MicroVMSandbox(SandboxHandle):
         if "error" in reply:
             _raise_agent_error(reply["error"])
         stdout, stderr = caps[T_OUT].finish(), caps[T_ERR].finish()
+        # the guest agent reports the exec's cgroup events and the root's free space
+        disk_full = limits.disk_mb is not None and is_full(
+            int(reply.get("disk_free", -1)), int(reply.get("disk_total", -1))
+        )
+        flags = {
+            "oom_killed": bool(reply.get("oom_killed")),
+            "pids_exhausted": bool(reply.get("pids_exhausted")),
+            "disk_full": disk_full,
+        }
         if reply.get("timed_out"):
             raise ExecTimeoutError(
                 f"command timed out after {timeout:g}s in sandbox {self.id}",
                 stdout=stdout,
                 stderr=stderr,
                 timeout=timeout,
+                reasons=[k for k, v in flags.items() if v],
             )
         return ExecResult(
             exit_code=int(reply["exit_code"]),
             stdout=stdout,
             stderr=stderr,
             duration_s=duration,
-            oom_killed=bool(reply.get("oom_killed")),
+            oom_killed=flags["oom_killed"],
+            pids_exhausted=flags["pids_exhausted"],
+            disk_full=flags["disk_full"],
             truncated=bool(reply.get("truncated"))
             or caps[T_OUT].truncated
             or caps[T_ERR].truncated,

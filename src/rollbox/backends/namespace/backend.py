@@ -37,6 +37,7 @@ from rollbox.backends.agent.protocol import ExecRequest
 from rollbox.backends.base import Backend, OutputCallback, SandboxHandle, command_argv
 from rollbox.backends.common.bundle import DEFAULT_CAPS
 from rollbox.backends.common.cgroups import Cgroup, remove_orphan_cgroups
+from rollbox.backends.common.reasons import dir_full, pids_max_hits, tracked
 from rollbox.backends.common.rootfs import Rootfs, remove_orphan_mounts, remove_sandbox_dir
 from rollbox.backends.namespace import teardown
 from rollbox.backends.namespace.capture import StreamCapture
@@ -195,6 +196,7 @@ class NamespaceBackend(Backend):
         from rollbox.backends.common.cgroups import check_limits
 
         check_limits(spec.limits)
+
         if spec.network.mode == "allow" and _network_module() is None:
             raise BackendUnavailableError("allow-list networking is not available here")
         if not spec.hostname or len(spec.hostname) > 63 or "/" in spec.hostname:
@@ -642,6 +644,7 @@ class NamespaceSandbox(SandboxHandle):
         env.update(self.info.spec.env)
         return env
 
+    @tracked
     async def exec(
         self,
         cmd: list[str] | str,
@@ -685,6 +688,7 @@ class NamespaceSandbox(SandboxHandle):
         xname = f"{BOX}/x{os.getpid()}-{self._exec_seq}-{time.monotonic_ns() % 1000000}"
         xcg = self.cgroup.child(xname, ("pids", "freezer"))
         oom_before = self._oom_kills()
+        pids_hit = False
         started = time.monotonic()
 
         # The command joins its own cgroups itself, through open cgroup.procs files passed
@@ -703,17 +707,21 @@ class NamespaceSandbox(SandboxHandle):
                 raise
             except TimeoutError:
                 await asyncio.to_thread(xcg.kill_all)
+                hit_reasons = self._limits_hit(oom_before, pids_max_hits(xcg) > 0).reasons
                 raise ExecTimeoutError(
                     f"command timed out after {timeout:g}s (its process tree was killed)",
                     stdout=out.finish(),
                     stderr=err.finish(),
                     timeout=timeout,
+                    reasons=list(hit_reasons),
                 ) from None
             except ValueError as exc:
                 raise InvalidInputError(f"bad command: {exc}") from None
         finally:
             for fd in cg_fds:
                 os.close(fd)
+            with contextlib.suppress(OSError):
+                pids_hit = pids_max_hits(xcg) > 0  # read before the group goes
             # Survivors (background daemons) keep their group until destroy.
             xcg.remove_if_empty()
         duration = time.monotonic() - started
@@ -730,7 +738,7 @@ class NamespaceSandbox(SandboxHandle):
             raise InvalidInputError(f"cannot switch to user {user!r}: {agent_exit.fail_message()}")
         if agent_exit.fail_stage == "exec":
             err.feed(f"rollbox: {argv[0]}: {agent_exit.fail_message()}\n".encode())
-        oom = self._oom_kills() > oom_before
+        hit = self._limits_hit(oom_before, pids_hit)
         if not self.cgroup.exists():
             raise SandboxCrashedError(f"sandbox {self.id} died during the command")
         return ExecResult(
@@ -738,8 +746,24 @@ class NamespaceSandbox(SandboxHandle):
             stdout=out.finish(),
             stderr=err.finish(),
             duration_s=duration,
-            oom_killed=oom,
+            oom_killed=hit.oom_killed,
+            pids_exhausted=hit.pids_exhausted,
+            disk_full=hit.disk_full,
             truncated=out.truncated or err.truncated,
+        )
+
+    def _limits_hit(self, oom_before: int, pids_hit: bool) -> ExecResult:
+        """An ``ExecResult`` with only the limit flags of a command that just ended set
+        (see :mod:`rollbox.backends.common.reasons`)."""
+        disk = self.info.spec.limits.disk_mb is not None and dir_full(self.rootfs.upperfs)
+        return ExecResult(
+            exit_code=0,
+            stdout="",
+            stderr="",
+            duration_s=0.0,
+            oom_killed=self._oom_kills() > oom_before,
+            pids_exhausted=pids_hit,
+            disk_full=disk,
         )
 
     def _oom_kills(self) -> int:
