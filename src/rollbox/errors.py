@@ -34,7 +34,9 @@ exception.
     ├── BackendError                              exit 1: infrastructure, retryable
     │   ├── BackendUnavailableError               a tool is missing / does not work here
     │   ├── SandboxCrashedError                   the sandbox died under us (e.g. QEMU killed)
+    │   │   └── SandboxExhaustedError             ...because a command exhausted a limit
     │   └── SandboxStateError                     e.g. exec on a destroyed/paused sandbox
+    │       └── SandboxExpiredError               the sandbox reached its TTL
     ├── ExecTimeoutError (TimeoutError)           exit 124: the command ran out of time
     ├── VerifierError                             exit 1: no/invalid reward
     └── IntegrityError                            exit 1: provenance digest mismatch
@@ -148,6 +150,10 @@ class CorruptionError(StoreError):
 class BackendError(RollboxError):
     """Infrastructure failure in a backend; a rollout hitting this is retryable."""
 
+    reason: str | None = None
+    """A sandbox limit behind the failure (``oom_killed``, ``pids_exhausted``, ``disk_full``,
+    ``ttl_expired``; see ``models.LimitReason``): then it is not the infrastructure's fault."""
+
 
 class BackendUnavailableError(BackendError):
     """A backend's tool is missing or does not work on this host."""
@@ -159,8 +165,23 @@ class SandboxCrashedError(BackendError):
     """The sandbox died underneath the caller (its runtime or VM is gone)."""
 
 
+class SandboxExhaustedError(SandboxCrashedError):
+    """The sandbox died because something inside exhausted a limit (on gVisor the host
+    cgroup's OOM killer or task limit ends the whole sandbox); ``reason`` names the limit."""
+
+    def __init__(self, message: str, *, reason: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.reason = reason
+
+
 class SandboxStateError(BackendError):
     """The sandbox is in a state that does not allow the operation."""
+
+
+class SandboxExpiredError(SandboxStateError):
+    """The sandbox reached its TTL and was destroyed (``reason`` is ``ttl_expired``)."""
+
+    reason = "ttl_expired"
 
 
 class ExecTimeoutError(RollboxError, TimeoutError):
@@ -169,12 +190,20 @@ class ExecTimeoutError(RollboxError, TimeoutError):
     exit_code = 124
 
     def __init__(
-        self, message: str, *, stdout: str = "", stderr: str = "", timeout: float | None = None
+        self,
+        message: str,
+        *,
+        stdout: str = "",
+        stderr: str = "",
+        timeout: float | None = None,
+        reasons: list[str] | None = None,
     ) -> None:
         super().__init__(message)
         self.stdout = stdout
         self.stderr = stderr
         self.timeout = timeout
+        self.reasons = list(reasons or [])
+        """Limits the command ran into before it was killed (``pids_exhausted``...)."""
 
 
 class VerifierError(RollboxError):
