@@ -33,6 +33,7 @@ exception.
     │   └── CorruptionError                       a blob/layer hash does not match
     ├── BackendError                              exit 1: infrastructure, retryable
     │   ├── BackendUnavailableError               a tool is missing / does not work here
+    │   ├── TeardownError                         destroy/cleanup left resources (.errors)
     │   ├── SandboxCrashedError                   the sandbox died under us (e.g. QEMU killed)
     │   │   └── SandboxExhaustedError             ...because a command exhausted a limit
     │   └── SandboxStateError                     e.g. exec on a destroyed/paused sandbox
@@ -159,6 +160,25 @@ class BackendUnavailableError(BackendError):
     """A backend's tool is missing or does not work on this host."""
 
     exit_code = 2
+
+
+class TeardownError(BackendError):
+    """A destroy or cleanup could not remove everything; it went on with the rest.
+
+    ``removed`` lists what it did remove, ``errors`` one line per resource left behind.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        errors: list[str],
+        removed: list[str] | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.errors = errors
+        self.removed = removed or []
 
 
 class SandboxCrashedError(BackendError):
