@@ -9,12 +9,15 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rollbox.errors import RecipeError
 
 _PKG_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(:[a-z0-9]+)?$")
 _SUITE_RE = re.compile(r"^[a-z][a-z0-9-]*$")
+
+DEFAULT_SOURCE_DATE_EPOCH = 1686355200
+"""2023-06-10T00:00:00Z, the day bookworm was released: the default clamp of file times."""
 
 
 class Recipe(BaseModel):
@@ -35,6 +38,10 @@ class Recipe(BaseModel):
     """Shell commands run in the image (chroot) after packages and files, in order."""
     mirror: str | None = None
     """Debian mirror URL (default: mmdebstrap's, i.e. the host's apt sources)."""
+    source_date_epoch: int = Field(DEFAULT_SOURCE_DATE_EPOCH, ge=0, le=(1 << 33) - 1)
+    """``SOURCE_DATE_EPOCH`` of the build: every file time later than it is clamped to it
+    (and Python byte code is hash-checked), so the same recipe and the same Debian snapshot
+    give the same digest on any machine."""
 
     @field_validator("suite")
     @classmethod

@@ -30,6 +30,19 @@ def _with_names(store: BaselineStore, info: BaselineInfo, names: list[str]) -> B
         return store._set_names(info, add=names)
 
 
+MACHINE_NEUTRAL_HOOKS = (
+    'echo rollbox > "$1"/etc/hostname',
+    ': > "$1"/etc/resolv.conf',
+)
+"""Hooks that replace the files mmdebstrap copies from the host with fixed content."""
+
+
+def mmdebstrap_env(recipe: Recipe) -> dict[str, str]:
+    """Environment of the mmdebstrap run: ``SOURCE_DATE_EPOCH`` makes it clamp every file
+    time, sort the tar, drop logs and caches, and (in the chroot) write hash-checked .pyc."""
+    return {"SOURCE_DATE_EPOCH": str(recipe.source_date_epoch)}
+
+
 def mmdebstrap_command(recipe: Recipe, out: str, files_dir: str) -> list[str]:
     """The mmdebstrap command line that builds ``recipe`` into the tarball ``out``."""
     cmd = ["mmdebstrap", f"--variant={recipe.variant}", "--format=tar"]
@@ -41,6 +54,9 @@ def mmdebstrap_command(recipe: Recipe, out: str, files_dir: str) -> list[str]:
         cmd.append(f"--customize-hook=upload {files_dir}/{i} {shlex.quote(path)}")
     for command in recipe.commands:
         cmd.append(f'--customize-hook=chroot "$1" /bin/sh -ec {shlex.quote(command)}')
+    # mmdebstrap copies the host's hostname and resolv.conf in: give every machine the same
+    # (after the recipe's commands, which may still need the host's DNS)
+    cmd += [f"--customize-hook={hook}" for hook in MACHINE_NEUTRAL_HOOKS]
     cmd += [recipe.suite, out]
     if recipe.mirror:
         cmd.append(recipe.mirror)
@@ -74,7 +90,9 @@ def bootstrap(
             for i, content in enumerate(recipe.files.values()):
                 (files_dir / str(i)).write_text(content)
             out = stage / "rootfs.tar"
-            proc = run(mmdebstrap_command(recipe, str(out), str(files_dir)))
+            proc = run(
+                mmdebstrap_command(recipe, str(out), str(files_dir)), env=mmdebstrap_env(recipe)
+            )
             if proc.returncode != 0 or not out.is_file():
                 raise BuildError(
                     f"mmdebstrap failed for recipe {key[:12]} (exit {proc.returncode})",

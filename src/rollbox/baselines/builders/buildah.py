@@ -21,6 +21,7 @@ from rollbox.baselines import dockerfile as df
 from rollbox.baselines.builders.proc import run
 from rollbox.baselines.builders.skopeo import import_image
 from rollbox.baselines.locks import flock, lock_is_held
+from rollbox.baselines.recipe import DEFAULT_SOURCE_DATE_EPOCH
 from rollbox.baselines.refs import hex_of
 from rollbox.baselines.store import BaselineStore
 from rollbox.errors import (
@@ -221,6 +222,10 @@ def _build_uncached(
             "--layers=false",
             "--format",
             "oci",
+            # same Dockerfile + context + bases -> same digest on any machine: fixed created
+            # time and file times in the new layers, no buildah-version label
+            f"--timestamp={DEFAULT_SOURCE_DATE_EPOCH}",
+            "--identity-label=false",
             "-f",
             str(stage / "Dockerfile"),
             "--iidfile",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import signal
 import subprocess
@@ -33,11 +34,17 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def run(cmd: list[str], *, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd``; stdout and stderr captured together, never raises on exit status."""
+def run(
+    cmd: list[str], *, timeout: float | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd``; stdout and stderr captured together, never raises on exit status.
+
+    ``env`` is added to this process's environment for the command.
+    """
     need(cmd[0])
     return subprocess.run(
         cmd,
+        env=None if env is None else {**os.environ, **env},
         preexec_fn=_die_with_parent,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
