@@ -81,7 +81,13 @@ async def cross_env(ctx: AuditContext) -> Outcome:
     toks = [ctx.a_env_token, ctx.a_secret_token]
     own = await ctx.py(a, scripts.SCAN_PROCS, {"tokens": toks})
     echo = await a.exec(["sh", "-c", "echo $RBX_AUDIT_SECRET_A"])
+    # A process of A that holds the env var and the secret stays alive while B looks.
+    secs = f"3001.{secrets.randbelow(10**6):06d}"
+    holder = await ctx.py(a, scripts.START_MARKER, {"seconds": secs})
+    if not holder["marker_pids"]:
+        raise ProbeError(f"could not start a process holding A's secret in A: {holder}")
     in_b = await ctx.py(b, scripts.SCAN_PROCS, {"tokens": toks})
+    await ctx.py(a, scripts.SCAN_PROCS, {"tokens": [], "kill": holder["marker_pids"]})
     b_env = await b.exec(["env"])
     # Secrets must not be written anywhere in the home (state, logs, tmp).
     grep = subprocess.run(
@@ -130,21 +136,35 @@ async def host_files(ctx: AuditContext) -> Outcome:
     extra = [p for p in ("/work", "/var/lib/rollbox", "/run/netns") if Path(p).exists()]
     host_paths += extra
     seen = await ctx.py(a, scripts.EXISTS, {"paths": host_paths, "names": [ctx.canary_file.name]})
+    # Only directories that exist (a missing one is grep's exit 2 too); devices, fifos
+    # and sockets skipped. Exit 0: found; 1: not found; anything else: grep failed.
+    dirs = "/etc /root /tmp /var /opt /home /srv"
     grep = await a.exec(
         [
             "sh",
             "-c",
-            f"grep -rlsF {ctx.canary_token} /etc /root /tmp /var /opt /home /srv 2>/dev/null",
+            f'set --; for d in {dirs}; do [ -d "$d" ] && set -- "$@" "$d"; done; '
+            f'exec grep -rlF -D skip -e {ctx.canary_token} -- "$@"',
         ]
     )
+    if grep.exit_code not in (0, 1):
+        raise ProbeError(
+            f"grep for the host canary failed inside (exit {grep.exit_code}): "
+            f"{grep.stderr.strip()[-300:]}"
+        )
     visible = [p for p, e in seen["exists"].items() if e]
     breaches = []
     if visible:
         breaches.append(f"host paths visible inside: {visible}")
-    if seen["found_by_name"] or grep.stdout.strip():
+    if seen["found_by_name"] or grep.exit_code == 0:
         breaches.append(f"host canary found inside: {seen['found_by_name'] or grep.stdout}")
     out = verdict(breaches, f"none of {len(host_paths)} host-only paths is visible inside")
-    out.evidence = {"checked": seen["exists"], "canary_by_name": seen["found_by_name"]}
+    out.evidence = {
+        "checked": seen["exists"],
+        "canary_by_name": seen["found_by_name"],
+        "grep_exit": grep.exit_code,
+        "grep_hits": grep.stdout.split(),
+    }
     return out
 
 
@@ -212,7 +232,8 @@ async def pids_limit(ctx: AuditContext) -> Outcome:
     """A fork bomb is held by the pids limit, inside only."""
     limit = 64
     sbx = await ctx.sandbox(limits=Limits(pids=limit, memory_mb=256, disk_mb=64))
-    res = await ctx.py(sbx, scripts.FORK_BOMB, {"max": 2000}, timeout=90)
+    # 4x the limit is a breach already; more would only be the memory limit's business
+    res = await ctx.py(sbx, scripts.FORK_BOMB, {"max": 4 * limit}, timeout=90)
     alive = await sbx.exec(["true"])
     breaches = []
     if res["error"] is None or res["forked"] >= limit:
@@ -265,6 +286,12 @@ async def memory_limit(ctx: AuditContext) -> Outcome:
         return out
     assert hog is not None
     killed = hog.oom_killed or hog.exit_code in (137, -9)
+    if hog.exit_code != 0 and not killed:
+        # 127 (no python3), a MemoryError (an rlimit, not the memory limit), a crash:
+        # the limit was not what stopped it, so this run proves nothing.
+        raise ProbeError(
+            f"the hog exited {hog.exit_code} without being killed: {hog.stderr.strip()[-200:]}"
+        )
     breaches = []
     if hog.exit_code == 0:
         breaches.append("512 MiB allocated under a 64 MiB limit")
@@ -292,6 +319,8 @@ async def disk_limit(ctx: AuditContext) -> Outcome:
     sbx = await ctx.sandbox(limits=Limits(disk_mb=limit, memory_mb=256, pids=64))
     res = await ctx.py(sbx, scripts.DISK_FILL, {"path": "/var/rbx-fill", "mb": 128}, timeout=90)
     alive = await sbx.exec(["true"])
+    if res["error"] not in (None, "ENOSPC", "EDQUOT", "EFBIG"):
+        raise ProbeError(f"the disk filler failed with {res['error']}, not a full disk")
     breaches = []
     if res["error"] is None or res["written_mb_attempted"] > limit * 1.1:
         breaches.append(f"wrote {res['written_mb_attempted']} MiB with a {limit} MiB limit")

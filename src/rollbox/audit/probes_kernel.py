@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from rollbox.audit import scripts
-from rollbox.audit.context import AuditContext, token
+from rollbox.audit.context import AuditContext, ProbeError, token
 from rollbox.audit.registry import Outcome, probe, verdict
 from rollbox.errors import RollboxError
 
@@ -96,20 +98,30 @@ async def kill_all(ctx: AuditContext) -> Outcome:
     """``kill -9 -1`` as root inside kills nothing outside the sandbox."""
     a, b = await ctx.shared()
     marker = await ctx.py(b, scripts.START_MARKER, {"seconds": "2999.5"})
+    if not marker["marker_pids"]:
+        raise ProbeError(f"could not start a marker process in B: {marker}")
+    if not ctx.canary_alive():
+        raise ProbeError("the host canary process is not running")
     k = await ctx.sandbox()
     try:
         res = await ctx.py(k, scripts.KILL_ALL)
     except RollboxError as exc:  # the sandbox may well kill its own exec machinery
         res = {"kill_-1": f"sandbox K's own exec died ({type(exc).__name__})"}
-    b_after = await ctx.py(b, scripts.SCAN_PROCS, {"tokens": ["2999.5"]})
-    a_ok = (await a.exec(["true"])).exit_code == 0
     breaches = []
+    b_after: dict[str, Any] = {"cmdline_hits": []}
+    try:
+        b_after = await ctx.py(b, scripts.SCAN_PROCS, {"tokens": ["2999.5"]})
+        if not b_after["cmdline_hits"]:
+            breaches.append("sandbox B's process killed")
+    except RollboxError as exc:  # B's own agent was killed too
+        breaches.append(f"sandbox B died ({exc.one_line()})")
+    try:
+        if (await a.exec(["true"])).exit_code != 0:
+            breaches.append("sandbox A stopped answering")
+    except RollboxError as exc:
+        breaches.append(f"sandbox A died ({exc.one_line()})")
     if not ctx.canary_alive():
         breaches.append("host canary process killed")
-    if marker["marker_pids"] and not b_after["cmdline_hits"]:
-        breaches.append("sandbox B's process killed")
-    if not a_ok:
-        breaches.append("sandbox A stopped answering")
     out = verdict(
         breaches,
         f"kill(-1, SIGKILL) inside returned {res['kill_-1']}; host canary, A and B unharmed",
@@ -130,25 +142,56 @@ def _tracer_pid(pid: int) -> int | None:
     return int(m.group(1)) if m else None
 
 
+PTRACE_HOLD_S = 2.0
+"""How long the probe program keeps a successful attach to a host pid while the host
+watches that process's TracerPid."""
+
+
 @probe("ptrace", "kernel")
 async def ptrace(ctx: AuditContext) -> Outcome:
     """PTRACE_ATTACH reaches no process outside the sandbox (host canary by its real pid)."""
     a, _ = await ctx.shared()
     host_pid = ctx.canary_proc.pid if ctx.canary_proc else 0
-    res = await ctx.py(a, scripts.PTRACE, {"host_pids": [host_pid, os.getpid()]})
-    tracer = _tracer_pid(host_pid)
+    before = _tracer_pid(host_pid) if host_pid else None
+    if before is None or not ctx.canary_alive():
+        raise ProbeError("the host canary process is not running (nothing to attach to)")
+    if before != 0:
+        raise ProbeError(f"the host canary is already traced (TracerPid {before})")
+    # The program holds any attach it gets for PTRACE_HOLD_S; watch TracerPid meanwhile
+    # (after it exits the kernel detaches, so a read afterwards proves nothing).
+    run = asyncio.create_task(
+        ctx.py(a, scripts.PTRACE, {"host_pids": [host_pid], "hold": PTRACE_HOLD_S})
+    )
+    seen: set[int] = set()
+    polls = 0
+    while not run.done():
+        tracer = _tracer_pid(host_pid)
+        polls += 1
+        if tracer:
+            seen.add(tracer)
+        await asyncio.sleep(0.02)
+    res = await run
+    after = _tracer_pid(host_pid)
     breaches = []
-    if tracer:
-        breaches.append(f"host canary got traced (TracerPid {tracer})")
+    if seen:
+        breaches.append(f"host canary got traced (TracerPid {sorted(seen)})")
+    if after:
+        breaches.append(f"host canary still traced after the probe (TracerPid {after})")
     if not ctx.canary_alive():
         breaches.append("host canary died")
     own_child = res["attach"].get(str(res["child"]))
     out = verdict(
         breaches,
-        f"attach to own child: {own_child}; to pid 1: {res['attach'].get('1')}; "
-        "host canary untraced",
+        f"attach to own child: {own_child}; to pid 1: {res['attach'].get('1')}; to the host "
+        f"canary's pid: {res['attach'].get(str(host_pid))}; host canary untraced over "
+        f"{polls} TracerPid reads",
     )
-    out.evidence = {"attach_results": res["attach"], "host_canary_tracer_pid": tracer}
+    out.evidence = {
+        "attach_results": res["attach"],
+        "held_inside": res["held"],
+        "host_canary_tracer_pids_seen": sorted(seen),
+        "tracer_pid_reads": polls,
+    }
     return out
 
 
@@ -232,12 +275,20 @@ async def mknod(ctx: AuditContext) -> Outcome:
     reads = {
         n: r["open_read"] for n, r in res["nodes"].items() if r["open_read"].startswith("READ")
     }
+    # A node made at all is the breach on the host's kernel: whether it can then be read
+    # depends on the host (here even host root may be refused /dev/vda), not the sandbox.
+    made = sorted(n for n, r in res["nodes"].items() if r["mknod"] == "OK")
     shared = ctx.shared_kernel
+    breaches = []
+    if shared and reads:
+        breaches.append(f"host device read through a node made inside: {reads}")
+    if shared and made:
+        breaches.append(f"host memory/disk device nodes made inside: {made}")
     out = verdict(
-        [f"host device read through a node made inside: {reads}"] if reads and shared else [],
+        breaches,
         "mknod/open of /dev/mem, /dev/kmem and the host root disk's numbers: "
         + ", ".join(f"{n} {r['mknod']}/{r['open_read']}" for n, r in res["nodes"].items())
-        + ("" if shared else own_kernel_note(sorted(reads))),
+        + ("" if shared else own_kernel_note(sorted(set(reads) | set(made)))),
     )
     out.evidence = {
         "nodes": res["nodes"],

@@ -238,21 +238,35 @@ except OSError as e: r = ename(e.errno)
 out({"kill_-1": r})
 """)
 
+# Attach to own child and pid 1 (released at once), then to the host pids given, holding
+# those attachments for ARGS["hold"] seconds while the host reads their TracerPid.
 PTRACE = program(r"""
 PTRACE_ATTACH, PTRACE_DETACH = 16, 17
 res = {}
 child = os.fork()
 if child == 0:
-    time.sleep(30); os._exit(0)
-targets = [child, 1] + [int(p) for p in ARGS.get("host_pids", [])]
-for pid in targets:
+    time.sleep(60); os._exit(0)
+def attach(pid):
     r, e = sysc(101, ctypes.c_long(PTRACE_ATTACH), ctypes.c_long(pid), None, None)
     res[str(pid)] = ename(e)
-    if r == 0:
-        time.sleep(0.05)
-        sysc(101, ctypes.c_long(PTRACE_DETACH), ctypes.c_long(pid), None, None)
+    return r == 0
+def detach(pid):
+    sysc(101, ctypes.c_long(PTRACE_DETACH), ctypes.c_long(pid), None, None)
+def same_mntns(pid):
+    try: return os.readlink(f"/proc/{pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt")
+    except OSError: return True  # unreadable: the attach itself will be refused
+for pid in (child, 1):
+    # pid 1 only when it is this sandbox's own init (never stop a host's init)
+    if pid == 1 and not same_mntns(1):
+        res["1"] = "not attempted: pid 1 is outside this sandbox"; continue
+    if attach(pid):
+        time.sleep(0.05); detach(pid)
+held = [pid for pid in ARGS.get("host_pids", []) if attach(int(pid))]
+if held:
+    time.sleep(ARGS.get("hold", 0))
+    for pid in held: detach(pid)
 os.kill(child, 9); os.waitpid(child, 0)
-out({"attach": res, "child": child})
+out({"attach": res, "child": child, "held": held})
 """)
 
 # Write a new value to each knob (host restores them if they changed there).
