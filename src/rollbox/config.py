@@ -40,9 +40,34 @@ class Home:
 
     @classmethod
     def from_env(cls) -> Home:
-        """The home named by ``ROLLBOX_HOME``, or the default one."""
+        """The home named by ``ROLLBOX_HOME``, or the default one.
+
+        Raises:
+            InvalidInputError: the path (or one of its parents) is not a directory.
+        """
         env = os.environ.get("ROLLBOX_HOME")
-        return cls(Path(env).absolute() if env else default_home())
+        home = cls(Path(env).absolute() if env else default_home())
+        home.check(f"ROLLBOX_HOME={env}" if env else f"the data home {home.root}")
+        return home
+
+    def check(self, what: str = "the data home") -> None:
+        """Refuse a home that cannot be a directory: it, or its nearest existing parent, is
+        a file (or anything else that is not a directory).
+
+        Raises:
+            InvalidInputError: naming the offending path, in one line.
+        """
+        from rollbox.errors import InvalidInputError
+
+        p = self.root
+        while not p.exists() and not p.is_symlink() and p != p.parent:
+            p = p.parent
+        if not p.is_dir():
+            where = "" if p == self.root else f": {p}"
+            raise InvalidInputError(
+                f"{what}{where} is not a directory",
+                hint="point ROLLBOX_HOME at a directory, or at a path that does not exist yet",
+            )
 
     @property
     def tag(self) -> str:
@@ -91,7 +116,20 @@ class Home:
         return self.root / "tmp"
 
     def ensure(self) -> Home:
-        """Create the top-level directories (idempotent) and return self."""
-        for p in (self.root, self.locks, self.tmp):
-            p.mkdir(parents=True, exist_ok=True)
+        """Create the top-level directories (idempotent) and return self.
+
+        Raises:
+            InvalidInputError: the home is not a directory or cannot be created.
+        """
+        from rollbox.errors import InvalidInputError
+
+        self.check()
+        try:
+            for p in (self.root, self.locks, self.tmp):
+                p.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InvalidInputError(
+                f"cannot create the data home {self.root}: {exc.strerror or exc}",
+                hint="set ROLLBOX_HOME to a writable directory",
+            ) from None
         return self

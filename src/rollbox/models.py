@@ -10,7 +10,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 SCHEMA_VERSION = 1
 """Version of the on-disk/record schema written by this rollbox."""
@@ -152,6 +152,38 @@ BackendName = str
 """``namespace``, ``gvisor``, ``microvm`` (or ``auto`` where a choice is made for you)."""
 
 
+MAX_CPUS = 1024
+"""Largest ``cpus`` limit accepted."""
+
+LIMIT_CAPS = {
+    "memory_mb": 1 << 30,
+    "disk_mb": 1 << 30,
+    "pids": 1 << 22,
+    "nofile": 1 << 20,
+    "output_bytes": 1 << 34,
+}
+"""Largest value of each integer limit (1 PiB of memory or disk, the kernel's pid_max and
+nr_open ceilings, 16 GiB of output): beyond them a number is a typo or an overflow."""
+
+MAX_SECONDS = 30 * 86400.0
+"""Longest timeout accepted (30 days); a larger one overflows timers or means never."""
+
+MAX_TTL_S = 100 * 86400.0
+"""Longest sandbox TTL accepted (100 days): a rollout's sandbox lives for its agent and
+verifier timeouts plus a margin, so this exceeds twice ``MAX_SECONDS``."""
+
+
+def check_seconds(v: float | None, what: str, most: float = MAX_SECONDS) -> float | None:
+    """``v`` if it is a usable duration (finite, > 0, at most ``most``).
+
+    Raises:
+        ValueError: naming ``what`` and the accepted range.
+    """
+    if v is not None and not 0 < v <= most:  # also refuses nan and inf
+        raise ValueError(f"{what} must be > 0 and at most {most:.0f} seconds, got {v}")
+    return v
+
+
 class Limits(Model):
     """Resource limits of a sandbox. ``None`` means: no limit of that kind."""
 
@@ -171,15 +203,23 @@ class Limits(Model):
     @field_validator("cpus")
     @classmethod
     def _cpus_ok(cls, v: float | None) -> float | None:
-        if v is not None and v <= 0:
-            raise ValueError("cpus must be > 0")
+        if v is not None and not 0 < v <= MAX_CPUS:  # also refuses nan and inf
+            raise ValueError(f"cpus must be > 0 and at most {MAX_CPUS}")
         return v
 
     @field_validator("memory_mb", "pids", "disk_mb", "nofile")
     @classmethod
-    def _positive(cls, v: int | None) -> int | None:
-        if v is not None and v <= 0:
-            raise ValueError("must be > 0")
+    def _positive(cls, v: int | None, info: ValidationInfo) -> int | None:
+        cap = LIMIT_CAPS[str(info.field_name)]
+        if v is not None and not 0 < v <= cap:
+            raise ValueError(f"must be > 0 and at most {cap}")
+        return v
+
+    @field_validator("output_bytes")
+    @classmethod
+    def _output_ok(cls, v: int) -> int:
+        if not 0 <= v <= LIMIT_CAPS["output_bytes"]:
+            raise ValueError(f"must be >= 0 and at most {LIMIT_CAPS['output_bytes']}")
         return v
 
 
@@ -238,6 +278,11 @@ class SandboxSpec(Model):
     """Default user, ``root`` or a uid[:gid] / name inside (the image's when unset)."""
     from_snapshot: str | None = None
     """Restore from a memory snapshot id instead of booting (backends with memory snapshots)."""
+
+    @field_validator("ttl_s")
+    @classmethod
+    def _ttl_ok(cls, v: float | None) -> float | None:
+        return check_seconds(v, "ttl", MAX_TTL_S)
 
 
 class SandboxInfo(Model):

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rollbox.cli import validate
 from rollbox.cli.output import JSON_OPTION, console, emit, err_console
 from rollbox.config import Home
 from rollbox.errors import InvalidInputError
@@ -24,13 +25,21 @@ def register(app: typer.Typer) -> None:
         backend: str = typer.Option("namespace", "--backend", help="Backend to audit."),
         baseline: str | None = typer.Option(None, "--baseline", help="Baseline (default one)."),
         cycles: int = typer.Option(
-            1000, "--cycles", help="Create/destroy cycles of the residue probe (0: skip it)."
+            1000,
+            "--cycles",
+            help="Create/destroy cycles of the residue probe (0: skip it).",
+            callback=validate.int_range("--cycles", 0, validate.MAX_COUNT),
         ),
         probe: list[str] = typer.Option([], "--probe", help="Run only this probe (repeatable)."),
         skip: list[str] = typer.Option([], "--skip", help="Skip this probe (repeatable)."),
         list_: bool = typer.Option(False, "--list", help="List the probes and exit."),
         repro: bool = typer.Option(False, "--repro", help="Run the reproducibility check."),
-        k: int = typer.Option(5, "--k", help="Rollouts of the --repro check."),
+        k: int = typer.Option(
+            5,
+            "--k",
+            help="Rollouts of the --repro check.",
+            callback=validate.int_range("--k", 1, 1000),
+        ),
         task: Path | None = typer.Option(
             None, "--task", help="--repro: a deterministic task dir (default: built-in one)."
         ),

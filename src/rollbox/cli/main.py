@@ -72,7 +72,15 @@ def main() -> None:
     """Run the CLI: a ``RollboxError`` becomes one line and its exit code, no traceback."""
     json_mode = "--json" in sys.argv
     try:
-        app()
+        # not standalone: click's usage errors come back here and are printed as one line
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:  # click's usage errors: bad option value, unknown command
+        message = exc.format_message() if hasattr(exc, "format_message") else exc.message
+        _one_line(str(message), "UsageError", exc.exit_code, json_mode)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)
     except RollboxError as exc:
         if json_mode:
             doc = {"error": exc.one_line(), "type": type(exc).__name__, "exit_code": exc.exit_code}
@@ -86,6 +94,17 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         sys.exit(130)
+    # a typer.Exit(N) (or ctx.exit) raised by a command comes back as its code
+    if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+        sys.exit(code)
+
+
+def _one_line(message: str, kind: str, exit_code: int, json_mode: bool) -> None:
+    line = " ".join(message.split())  # click may wrap a long message
+    if json_mode:
+        sys.stdout.write(json.dumps({"error": line, "type": kind, "exit_code": exit_code}) + "\n")
+    else:
+        sys.stderr.write(f"error: {line}\n")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from rollbox.cli import validate
 from rollbox.cli.output import JSON_OPTION, console, emit, err_console
 from rollbox.config import Home
 from rollbox.errors import InvalidInputError
@@ -63,7 +64,10 @@ def register(app: typer.Typer) -> None:
         baseline: str | None = typer.Option(None, "--baseline", help="Baseline (default one)."),
         retries: int = typer.Option(1, "--retries", help="Retries after an infra error."),
         raw_samples: int = typer.Option(
-            30, "--raw-samples", help="Raw-tool starts per level (0: skip)."
+            30,
+            "--raw-samples",
+            help="Raw-tool starts per level (0: skip).",
+            callback=validate.int_range("--raw-samples", 0, 100_000),
         ),
         json_: bool = JSON_OPTION,
     ) -> None:

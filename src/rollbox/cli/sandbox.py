@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from rollbox.backends.base import Backend, SandboxHandle
 from rollbox.backends.registry import backend_class
 from rollbox.backends.state import list_states, read_state
+from rollbox.cli import validate
 from rollbox.cli.output import JSON_OPTION, emit
 from rollbox.config import Home
 from rollbox.errors import ExecTimeoutError, InvalidInputError, LimitsError
@@ -74,14 +75,27 @@ def create_cmd(
     from_snapshot: str | None = typer.Option(
         None, "--from-snapshot", help="Restore a memory snapshot (snap-...; microvm)."
     ),
-    cpus: float | None = typer.Option(None, "--cpus", help="CPU quota in cores."),
-    memory_mb: int | None = typer.Option(None, "--memory-mb", help="Memory limit (MiB)."),
-    pids: int | None = typer.Option(None, "--pids", help="Process limit."),
-    disk_mb: int | None = typer.Option(None, "--disk-mb", help="Disk limit (MiB)."),
+    cpus: float | None = typer.Option(
+        None, "--cpus", help="CPU quota in cores.", callback=validate.cpus()
+    ),
+    memory_mb: int | None = typer.Option(
+        None,
+        "--memory-mb",
+        help="Memory limit (MiB).",
+        callback=validate.limit("--memory-mb", "memory_mb"),
+    ),
+    pids: int | None = typer.Option(
+        None, "--pids", help="Process limit.", callback=validate.limit("--pids", "pids")
+    ),
+    disk_mb: int | None = typer.Option(
+        None, "--disk-mb", help="Disk limit (MiB).", callback=validate.limit("--disk-mb", "disk_mb")
+    ),
     network: str = typer.Option("none", "--network", help="none | loopback | allow=H:P,..."),
     env: list[str] = typer.Option([], "--env", help="KEY=VALUE (repeatable)."),
     label: list[str] = typer.Option([], "--label", help="KEY=VALUE (repeatable)."),
-    ttl: float | None = typer.Option(None, "--ttl", help="Seconds until auto-destroy."),
+    ttl: float | None = typer.Option(
+        None, "--ttl", help="Seconds until auto-destroy.", callback=validate.ttl()
+    ),
     hostname: str = typer.Option("sandbox", "--hostname", help="Hostname inside."),
     workdir: str | None = typer.Option(None, "--workdir", help="Default working directory."),
     user: str | None = typer.Option(None, "--user", help="Default user inside."),
@@ -146,7 +160,9 @@ def create_cmd(
 def exec_cmd(
     sandbox_id: str = typer.Argument(..., help="Sandbox id."),
     cmd: list[str] = typer.Argument(..., help="Command and arguments (after --)."),
-    timeout: float | None = typer.Option(None, "--timeout", help="Seconds."),
+    timeout: float | None = typer.Option(
+        None, "--timeout", help="Seconds.", callback=validate.seconds("--timeout")
+    ),
     env: list[str] = typer.Option([], "--env", help="KEY=VALUE (repeatable)."),
     workdir: str | None = typer.Option(None, "--workdir", help="Working directory."),
     user: str | None = typer.Option(None, "--user", help="User inside."),
@@ -284,7 +300,9 @@ def snapshot_rm_cmd(
 @app.command("fork")
 def fork_cmd(
     sandbox_id: str = typer.Argument(..., help="Sandbox id."),
-    n: int = typer.Option(1, "-n", help="How many forks."),
+    n: int = typer.Option(
+        1, "-n", help="How many forks.", callback=validate.int_range("-n", 1, validate.MAX_FORKS)
+    ),
     json_: bool = JSON_OPTION,
 ) -> None:
     """Make N independent detached sandboxes from the sandbox's current state."""

@@ -32,7 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rollbox.errors import TaskError
-from rollbox.models import HostPort, Limits, NetworkPolicy
+from rollbox.models import LIMIT_CAPS, MAX_CPUS, MAX_SECONDS, HostPort, Limits, NetworkPolicy
 
 MAX_TASK_BYTES = 64 << 20
 """A task directory larger than this is refused (tasks are inputs, not datasets)."""
@@ -45,17 +45,20 @@ def _size_mb(value: object, what: str) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{what} must be a number of MiB or a size like '2G'")
     if isinstance(value, int | float):
-        if value <= 0:
-            raise ValueError(f"{what} must be > 0")
+        if not 0 < value <= LIMIT_CAPS["memory_mb"]:  # also refuses nan and inf
+            raise ValueError(f"{what} must be > 0 and at most {LIMIT_CAPS['memory_mb']} MiB")
         return int(value)
     if isinstance(value, str):
         m = _SIZE_RE.match(value)
         if m:
             num = float(m.group(1))
             mult = {"": 1 / (1 << 20), "k": 1 / 1024, "m": 1, "g": 1024, "t": 1 << 20}
-            mb = int(num * mult[m.group(2).lower()])
-            if mb > 0:
-                return mb
+            mb = num * mult[m.group(2).lower()]
+            if 1 <= mb <= LIMIT_CAPS["memory_mb"]:
+                return int(mb)
+            raise ValueError(
+                f"{what} must be 1 MiB to {LIMIT_CAPS['memory_mb']} MiB, got {value!r}"
+            )
     raise ValueError(f"{what} must be a number of MiB or a size like '2G', got {value!r}")
 
 
@@ -69,14 +72,14 @@ class _Table(BaseModel):
 class AgentSection(_Table):
     """``[agent]``."""
 
-    timeout_sec: float = Field(600.0, gt=0)
+    timeout_sec: float = Field(600.0, gt=0, le=MAX_SECONDS)
     """Wall-clock limit of the agent phase."""
 
 
 class VerifierSection(_Table):
     """``[verifier]``."""
 
-    timeout_sec: float = Field(600.0, gt=0)
+    timeout_sec: float = Field(600.0, gt=0, le=MAX_SECONDS)
     """Wall-clock limit of the verifier."""
     env: dict[str, str] = {}
     """Environment variables of the verifier command."""
@@ -88,11 +91,11 @@ class VerifierSection(_Table):
 class EnvironmentSection(_Table):
     """``[environment]``."""
 
-    cpus: float | None = Field(None, gt=0)
+    cpus: float | None = Field(None, gt=0, le=MAX_CPUS)
     """CPU cores."""
-    memory_mb: int | None = None
+    memory_mb: int | None = Field(None, gt=0, le=LIMIT_CAPS["memory_mb"])
     """Memory limit (MiB); Harbor's older ``memory = "2G"`` is accepted too."""
-    storage_mb: int | None = None
+    storage_mb: int | None = Field(None, gt=0, le=LIMIT_CAPS["disk_mb"])
     """Writable disk (MiB); Harbor's older ``storage = "10G"`` is accepted too."""
     network_mode: Literal["none", "loopback", "allow"] = "none"
     """Network policy mode."""
@@ -124,7 +127,7 @@ class RollboxSection(BaseModel):
     """Attempts when ``--attempts`` is not given."""
     group_mode: Literal["independent", "snapshot"] = "independent"
     """``snapshot``: set up once, snapshot, start every attempt from it."""
-    pass_threshold: float | None = None
+    pass_threshold: float | None = Field(None, allow_inf_nan=False)
     """A rollout passes when its reward is at least this (unset: when it is above 0)."""
     baseline: str | None = None
     """A baseline reference (digest/name) to use instead of ``environment/Dockerfile``."""

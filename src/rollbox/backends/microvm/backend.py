@@ -803,6 +803,9 @@ class MicroVMBackend(Backend):
             raise LimitsError(f"memory limit {lim.memory_mb} MiB is below {MIN_MEMORY_MB} MiB")
         if lim.disk_mb is not None and lim.disk_mb < MIN_DISK_MB:
             raise LimitsError(f"disk limit {lim.disk_mb} MiB is below {MIN_DISK_MB} MiB")
+        from rollbox.backends.common.hostlimits import check_disk
+
+        check_disk(lim, "file", self.home.root)  # the qcow2 overlay grows under the home
         if spec.from_snapshot:
             snaps.load(self.home, spec.from_snapshot)
 

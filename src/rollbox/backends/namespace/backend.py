@@ -196,6 +196,9 @@ class NamespaceBackend(Backend):
         from rollbox.backends.common.cgroups import check_limits
 
         check_limits(spec.limits)
+        from rollbox.backends.common.hostlimits import check_disk
+
+        check_disk(spec.limits, "tmpfs")  # the writable layer is a tmpfs
 
         if spec.network.mode == "allow" and _network_module() is None:
             raise BackendUnavailableError("allow-list networking is not available here")
