@@ -6,12 +6,17 @@ after the process that created them died.
 ``locks/reaper.lock``. The reaper sleeps until the next expiry, destroys what expired and
 exits once no sandbox of the home has a TTL; before exiting it drops the lock and looks
 once more, so a sandbox created meanwhile is never left without a reaper.
+
+A destroy that fails is never silent: one JSON line per failure goes to
+``$ROLLBOX_HOME/reaper-failures.jsonl`` (shown by ``rollbox cleanup``). The reaper retries
+it with a growing pause and gives up after :data:`MAX_TRIES` attempts, leaving it to
+``rollbox cleanup``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
+import json
 import os
 import subprocess
 import sys
@@ -24,6 +29,56 @@ from rollbox.errors import RollboxError
 from rollbox.models import utcnow
 
 POLL_MAX_S = 1.0
+MAX_TRIES = 5
+"""Failed destroys of one sandbox before the reaper leaves it to ``rollbox cleanup``."""
+FAILURES_NAME = "reaper-failures.jsonl"
+
+
+def failures_path(home: Home) -> Path:
+    """Where the reaper logs what it could not remove."""
+    return home.root / FAILURES_NAME
+
+
+def log_failure(home: Home, sandbox_id: str, error: str, attempt: int) -> None:
+    """Append one failure line (appends of one short line are atomic)."""
+    line = {"at": utcnow().isoformat(), "sandbox": sandbox_id, "error": error, "try": attempt}
+    with open(failures_path(home), "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def read_failures(home: Home) -> list[dict[str, object]]:
+    """The logged failures, oldest first (unparsable lines reported as such)."""
+    try:
+        text = failures_path(home).read_text()
+    except FileNotFoundError:
+        return []
+    out: list[dict[str, object]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            out.append({"error": f"unreadable log line: {line[:200]}"})
+    return out
+
+
+def clear_failures(home: Home) -> None:
+    """Move the shown failures to ``reaper-failures.seen.jsonl`` (kept, no longer shown)."""
+    path = failures_path(home)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return
+    with open(path.with_suffix(".seen.jsonl"), "a") as f:
+        f.write(text)
+    # only what was shown: lines appended meanwhile stay
+    with open(path, "r+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        rest = f.read()[len(text) :]
+        f.seek(0)
+        f.write(rest)
+        f.truncate()
 
 
 def _lock_path(home: Home) -> Path:
@@ -84,15 +139,38 @@ def _with_ttl(home: Home) -> list[tuple[str, str, float]]:
     ]
 
 
-def reap_once(home: Home) -> list[str]:
-    """Destroy every expired sandbox of ``home`` now; returns their ids."""
+class _Tries:
+    """Failed destroys per sandbox: how many, and when the next try is due."""
+
+    def __init__(self) -> None:
+        self.count: dict[str, int] = {}
+        self.due: dict[str, float] = {}
+
+    def skip(self, sandbox_id: str) -> bool:
+        if self.count.get(sandbox_id, 0) >= MAX_TRIES:
+            return True  # given up: left to `rollbox cleanup`
+        return time.monotonic() < self.due.get(sandbox_id, 0.0)
+
+    def failed(self, sandbox_id: str) -> int:
+        n = self.count[sandbox_id] = self.count.get(sandbox_id, 0) + 1
+        self.due[sandbox_id] = time.monotonic() + min(60.0, 2.0**n)
+        return n
+
+    def given_up(self) -> set[str]:
+        return {s for s, n in self.count.items() if n >= MAX_TRIES}
+
+
+def reap_once(home: Home, tries: _Tries | None = None) -> list[str]:
+    """Destroy every expired sandbox of ``home`` now; returns their ids. A failure is logged
+    (see :func:`log_failure`), never swallowed."""
     from rollbox.backends.registry import get_backend
 
+    tries = tries or _Tries()
     done = []
     for info in list_states(home):
-        if info.state == "destroyed" or not expired(info):
+        if info.state == "destroyed" or not expired(info) or tries.skip(info.id):
             continue
-        with contextlib.suppress(RollboxError, OSError):
+        try:
             be = get_backend(info.backend, home)
             destroy = getattr(be, "destroy_by_id", None)
             if destroy is not None:
@@ -101,7 +179,17 @@ def reap_once(home: Home) -> list[str]:
                 import asyncio
 
                 asyncio.run(_destroy(be, info.id))
-            done.append(info.id)
+        except (RollboxError, OSError) as exc:
+            n = tries.failed(info.id)
+            text = str(exc).replace("\n", " ")
+            if n >= MAX_TRIES:
+                text += f" (gave up after {n} tries: run `rollbox cleanup`)"
+            try:
+                log_failure(home, info.id, f"{type(exc).__name__}: {text}", n)
+            except OSError:
+                pass  # the home itself is unwritable: nothing left to tell
+            continue
+        done.append(info.id)
     return done
 
 
@@ -124,18 +212,22 @@ def run(home: Home, lock_fd: int | None = None) -> None:
     fd = _try_lock(home) if lock_fd is None else lock_fd
     if fd is None:
         return
+    tries = _Tries()
     while True:
-        reap_once(home)
-        pending = _with_ttl(home)
+        reap_once(home, tries)
+        pending = [p for p in _with_ttl(home) if p[0] not in tries.given_up()]
         if not pending:
             os.close(fd)  # release, then look once more (see module docstring)
-            if not _with_ttl(home):
+            if not [p for p in _with_ttl(home) if p[0] not in tries.given_up()]:
                 return
             fd = _try_lock(home)
             if fd is None:
                 return
             continue
-        time.sleep(min(POLL_MAX_S, max(0.05, min(p[2] for p in pending))))
+        now = time.monotonic()
+        # a failed sandbox stays expired: wait for its next try, not for its expiry
+        waits = [max(p[2], tries.due.get(p[0], now) - now) for p in pending]
+        time.sleep(min(POLL_MAX_S, max(0.05, min(waits))))
 
 
 if __name__ == "__main__":

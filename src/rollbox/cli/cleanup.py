@@ -2,7 +2,9 @@
 
 Runs ``cleanup_orphans`` of every registered backend whose tools are available, marks runs
 whose ``rollbox run`` process died as ``interrupted`` in the metadata store, then removes
-stale entries of ``$ROLLBOX_HOME/tmp``. Prints one line per removed resource.
+stale entries of ``$ROLLBOX_HOME/tmp``. Prints one line per removed resource, one
+``error:`` line per resource it could not remove (exit 1), and the failures the TTL reaper
+logged since the last cleanup.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import typer
 from rollbox.backends.registry import get_backend, names
 from rollbox.cli.output import JSON_OPTION, emit
 from rollbox.config import Home
-from rollbox.errors import BackendUnavailableError, RollboxError
+from rollbox.errors import BackendUnavailableError, RollboxError, TeardownError
 
 TMP_STALE_S = 3600.0
 
@@ -41,6 +43,10 @@ def cleanup(home: Home, dry_run: bool = False, problems: list[str] | None = None
             lines += be.cleanup_orphans(dry_run=dry_run)
         except BackendUnavailableError:
             continue
+        except TeardownError as exc:  # it went on with the rest: both lists count
+            lines += exc.removed
+            if problems is not None:
+                problems += [f"backend {name}: {e}" for e in exc.errors]
         except (RollboxError, OSError) as exc:
             if problems is not None:
                 problems.append(f"backend {name}: {exc}")
@@ -87,16 +93,30 @@ def register(app: typer.Typer) -> None:
         json_: bool = JSON_OPTION,
     ) -> None:
         """Remove leftovers of sandboxes whose owner died, whose TTL passed or that crashed."""
+        from rollbox.backends import reaper
+
         home = Home.from_env()
         problems: list[str] = []
         lines = cleanup(home, dry_run, problems)
+        reaped = reaper.read_failures(home)
         verb = "would remove" if dry_run else "removed"
+        human = "\n".join(f"{verb} {line}" for line in lines) or "nothing to clean up"
+        for f in reaped:
+            human += f"\nreaper failed at {f.get('at', '?')}: {f.get('sandbox', '?')}: "
+            human += str(f.get("error", ""))
         emit(
-            {"dry_run": dry_run, "removed": lines, "problems": problems},
+            {
+                "dry_run": dry_run,
+                "removed": lines,
+                "problems": problems,
+                "reaper_failures": reaped,
+            },
             json_,
-            "\n".join(f"{verb} {line}" for line in lines) or "nothing to clean up",
+            human,
         )
         for problem in problems:
             sys.stderr.write(f"error: {problem}\n")
+        if reaped and not dry_run:
+            reaper.clear_failures(home)  # shown once; kept in reaper-failures.seen.jsonl
         if problems:
             raise typer.Exit(1)

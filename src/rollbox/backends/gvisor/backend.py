@@ -66,6 +66,7 @@ from rollbox.errors import (
     SandboxCrashedError,
     SandboxExhaustedError,
     SandboxNotFoundError,
+    TeardownError,
 )
 from rollbox.models import BaselineInfo, Capabilities, ExecResult, SandboxInfo, SandboxSpec
 
@@ -312,7 +313,10 @@ class GVisorBackend(NamespaceBackend):
         except (OSError, RollboxError) as exc:
             errors.append(f"cgroup: {exc}")
         if errors:
-            raise BackendError(f"destroying {sandbox_id} left resources: {'; '.join(errors)}")
+            raise TeardownError(
+                f"destroying {sandbox_id} left resources: {'; '.join(errors)}",
+                errors=[f"sandbox {sandbox_id}: {e}" for e in errors],
+            )
 
     def _runsc_delete(self, sandbox_id: str) -> None:
         """Stop the sandbox and drop runsc's state for it.
@@ -365,15 +369,29 @@ class GVisorBackend(NamespaceBackend):
         """As the namespace backend, plus runsc containers of this home with no live
         sandbox."""
         lines = []
+        errors: list[str] = []
         live_before = {i.id for i in self.list_sandboxes() if self._dead_reason(i) is None}
         for cid in self.list_runsc_containers():
             if cid in live_before:
                 continue
-            lines.append(f"runsc container {cid}")
             if not dry_run:
-                with contextlib.suppress(OSError, RollboxError, subprocess.TimeoutExpired):
+                try:
                     self._runsc_delete(cid)
-        return super().cleanup_orphans(dry_run=dry_run) + lines
+                except (OSError, RollboxError, subprocess.TimeoutExpired) as exc:
+                    errors.append(f"runsc container {cid}: {exc}")
+                    continue
+            lines.append(f"runsc container {cid}")
+        try:
+            rest = super().cleanup_orphans(dry_run=dry_run)
+        except TeardownError as exc:
+            rest, errors = exc.removed, exc.errors + errors
+        if errors:
+            raise TeardownError(
+                f"cleanup of {self.name} sandboxes left {len(errors)} resource(s)",
+                errors=errors,
+                removed=rest + lines,
+            )
+        return rest + lines
 
 
 def exec_victims(procs: list[tuple[int, int, str]], pid: int, other_execs: set[int]) -> list[int]:

@@ -36,6 +36,7 @@ from rollbox.backends.microvm.guest_agent import T_DATA, T_EOF, T_ERR, T_IN, T_O
 from rollbox.backends.microvm.initramfs import ensure_initramfs
 from rollbox.backends.microvm.kernel import GuestKernel, ensure_kernel
 from rollbox.backends.namespace.files import normalize as root_relative
+from rollbox.backends.namespace.teardown import why_not_removed
 from rollbox.backends.state import (
     expired,
     list_states,
@@ -59,6 +60,7 @@ from rollbox.errors import (
     SandboxCrashedError,
     SandboxNotFoundError,
     SandboxStateError,
+    TeardownError,
 )
 from rollbox.ids import new_id
 from rollbox.models import (
@@ -911,7 +913,7 @@ class MicroVMBackend(Backend):
             write_state(self.home, info)
         except BaseException as exc:
             tail = handle.console_tail()
-            await asyncio.to_thread(self.destroy_by_id, sid)
+            await self._undo_create(sid, exc)
             if isinstance(exc, SandboxCrashedError | ChannelClosed) and tail:
                 raise BackendError(f"the microVM did not boot: {tail}") from None
             raise
@@ -1043,11 +1045,19 @@ class MicroVMBackend(Backend):
                     await ch.call("configure", **_configure_args(spec))
             info.state = "running"
             write_state(self.home, info)
-        except BaseException:
-            await asyncio.to_thread(self.destroy_by_id, sid)
+        except BaseException as exc:
+            await self._undo_create(sid, exc)
             raise
         self._after_create(info)
         return handle
+
+    async def _undo_create(self, sid: str, exc: BaseException) -> None:
+        """Destroy a sandbox whose create failed; what that left is noted on ``exc`` (the
+        create's own error stays the one raised)."""
+        try:
+            await asyncio.to_thread(self.destroy_by_id, sid)
+        except TeardownError as left:
+            exc.add_note(f"and its teardown failed: {left}")
 
     def _src_extra(self, source: str) -> dict[str, object]:
         with contextlib.suppress(SandboxNotFoundError):
@@ -1154,8 +1164,16 @@ class MicroVMBackend(Backend):
 
     # ------------------------------------------------------------------ teardown
     def destroy_by_id(self, sandbox_id: str) -> list[str]:
-        """Kill the QEMU and remove every host resource of one sandbox (idempotent)."""
+        """Kill the QEMU and remove every host resource of one sandbox (idempotent).
+
+        Returns:
+            One line per removed resource.
+
+        Raises:
+            TeardownError: something could not be removed (every other step still ran).
+        """
         removed: list[str] = []
+        errors: list[str] = []
         d = sandbox_dir(self.home, sandbox_id)
         name = qemu.proc_name(self.home.tag, sandbox_id)
         snap_id = None
@@ -1171,23 +1189,34 @@ class MicroVMBackend(Backend):
             if qemu.alive(pid_, name):
                 qemu.kill(pid_, name)
                 removed.append(f"process {pid_} ({name})")
-        with contextlib.suppress(BackendError, OSError):
+        try:
             if info is not None and _teardown_vm_network(info):
                 removed.append(f"network of {sandbox_id}")
-        with contextlib.suppress(BackendError, OSError):
+        except (BackendError, OSError, KeyError, ValueError) as exc:  # incl. a bad record
+            errors.append(f"network: {type(exc).__name__}: {exc}")
+        try:
             if _drop_host_cgroup(self.home, sandbox_id):
                 removed.append(f"cgroup rollbox-{self.home.tag}/{sandbox_id}")
+        except (BackendError, OSError) as exc:
+            errors.append(f"cgroup: {exc}")
         rdir = qemu.run_dir(self.home.tag, sandbox_id)
-        if rdir.exists():
-            shutil.rmtree(rdir, ignore_errors=True)
-            removed.append(f"runtime dir {rdir}")
-        if d.exists():
-            shutil.rmtree(d, ignore_errors=True)
-            removed.append(f"sandbox dir {d}")
+        for what, path in (("runtime dir", rdir), ("sandbox dir", d)):
+            if path.exists():
+                left = why_not_removed(path)
+                if left is None:
+                    removed.append(f"{what} {path}")
+                else:
+                    errors.append(f"{what}: {left}")
         with contextlib.suppress(OSError):
             rdir.parent.rmdir()
         if isinstance(snap_id, str):
             removed += self._drop_unused_snapshots()
+        if errors:
+            raise TeardownError(
+                f"destroying {sandbox_id} left resources: {'; '.join(errors)}",
+                errors=[f"sandbox {sandbox_id}: {e}" for e in errors],
+                removed=removed,
+            )
         return removed
 
     def list_snapshots(self) -> list[snaps.MemorySnapshot]:
@@ -1271,6 +1300,7 @@ class MicroVMBackend(Backend):
 
     def cleanup_orphans(self, *, dry_run: bool = False) -> list[str]:
         out: list[str] = []
+        errors: list[str] = []
         live: set[str] = set()
         for info in self.list_sandboxes():
             pid = info.extra.get("qemu_pid")
@@ -1286,7 +1316,11 @@ class MicroVMBackend(Backend):
                 if dry_run:
                     out.append(f"sandbox {info.id} ({why})")
                 else:
-                    out += [f"{r} ({why})" for r in self.destroy_by_id(info.id)]
+                    try:
+                        out += [f"{r} ({why})" for r in self.destroy_by_id(info.id)]
+                    except TeardownError as exc:  # reported, not counted as removed
+                        out += [f"{r} ({why})" for r in exc.removed]
+                        errors += exc.errors
             else:
                 live.add(info.id)
         # QEMUs and runtime dirs of this home that no sandbox record explains
@@ -1321,4 +1355,10 @@ class MicroVMBackend(Backend):
         from rollbox.backends.common.network import remove_orphan_networks
 
         out += remove_orphan_networks(self.home.tag, everyone, dry_run)
+        if errors:
+            raise TeardownError(
+                f"cleanup of {self.name} sandboxes left {len(errors)} resource(s)",
+                errors=errors,
+                removed=out,
+            )
         return out

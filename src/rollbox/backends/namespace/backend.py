@@ -62,6 +62,7 @@ from rollbox.errors import (
     SandboxCrashedError,
     SandboxNotFoundError,
     SandboxStateError,
+    TeardownError,
 )
 from rollbox.ids import new_id
 from rollbox.models import BaselineInfo, Capabilities, ExecResult, SandboxInfo, SandboxSpec, utcnow
@@ -415,25 +416,36 @@ class NamespaceBackend(Backend):
             sdir = sandbox_dir(self.home, sandbox_id)
             if not teardown.remove_rootfs(sdir):
                 remove_sandbox_dir(sdir)
+            # both delete with ignore_errors: say what stayed, and why
+            left = teardown.why_not_removed(sdir) if sdir.exists() else None
+            if left is not None:
+                errors.append(f"dir: {left}")
         except (OSError, RollboxError) as exc:
             errors.append(f"dir: {exc}")
         if errors:
-            raise BackendError(f"destroying {sandbox_id} left resources: {'; '.join(errors)}")
+            raise TeardownError(
+                f"destroying {sandbox_id} left resources: {'; '.join(errors)}",
+                errors=[f"sandbox {sandbox_id}: {e}" for e in errors],
+            )
 
     def cleanup_orphans(self, *, dry_run: bool = False) -> list[str]:
         """Destroy sandboxes whose owner died, whose TTL passed or that crashed, then
         remove tagged host resources that belong to no live sandbox."""
         lines: list[str] = []
+        errors: list[str] = []
         live: set[str] = set()
         for info in self.list_sandboxes():
             reason = self._dead_reason(info)
             if reason is None:
                 live.add(info.id)
                 continue
-            lines.append(f"sandbox {info.id} ({reason})")
             if not dry_run:
-                with contextlib.suppress(BackendError):
+                try:
                     self._teardown(info)
+                except BackendError as exc:  # reported, never counted as removed
+                    errors += getattr(exc, "errors", None) or [f"sandbox {info.id}: {exc}"]
+                    continue
+            lines.append(f"sandbox {info.id} ({reason})")
         # Everything below is tagged with this home; keep what live sandboxes of *any*
         # backend of this home use (gVisor shares the cgroup and mount naming).
         live |= {i.id for i in list_states(self.home) if i.backend != self.name}
@@ -442,10 +454,16 @@ class NamespaceBackend(Backend):
         if netmod is not None:
             lines += netmod.remove_orphan_networks(self.home.tag, live, dry_run)
         lines += remove_orphan_mounts(self.home, live, dry_run)
-        lines += self._remove_stray_dirs(dry_run)
+        lines += self._remove_stray_dirs(dry_run, errors)
+        if errors:
+            raise TeardownError(
+                f"cleanup of {self.name} sandboxes left {len(errors)} resource(s)",
+                errors=errors,
+                removed=lines,
+            )
         return lines
 
-    def _remove_stray_dirs(self, dry_run: bool) -> list[str]:
+    def _remove_stray_dirs(self, dry_run: bool, errors: list[str]) -> list[str]:
         """Sandbox directories without a readable state.json (a creator killed between
         ``mkdir`` and the first state write), older than a minute."""
         out = []
@@ -464,8 +482,15 @@ class NamespaceBackend(Backend):
             if time.time() - entry.stat(follow_symlinks=False).st_mtime < 60:
                 continue
             if not dry_run:
-                with contextlib.suppress(OSError, RollboxError):
+                try:
                     remove_sandbox_dir(Path(entry.path))
+                except (OSError, RollboxError) as exc:
+                    errors.append(f"dir {entry.path}: {exc}")
+                    continue
+                left = teardown.why_not_removed(Path(entry.path))
+                if left is not None:
+                    errors.append(f"dir {left}")
+                    continue
             out.append(f"dir {entry.path}")
         return out
 

@@ -149,3 +149,18 @@ def remove_rootfs(sandbox_dir: Path) -> bool:
         return False
     shutil.rmtree(sandbox_dir, ignore_errors=True)
     return not sandbox_dir.exists()
+
+
+def why_not_removed(path: Path) -> str | None:
+    """Try once more to delete ``path`` (a directory an ``ignore_errors`` delete left).
+
+    Returns:
+        None when it is gone now, else a line naming it and the first error.
+    """
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path} could not be deleted ({exc.filename}: {exc.strerror or exc})"
+    return None
