@@ -119,6 +119,29 @@ async def _with_signals(coro: Any, stoppable: Callable[[], bool] = lambda: True)
                 signal.signal(sig, signal.SIG_IGN)
 
 
+def _raise_interrupt(_sig: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _mark_interrupted(meta: Any, blobs: Any, run_id: str) -> None:
+    """An interrupt outside the run's own cancellation path (start-up, shutdown): whatever
+    the store still shows as running becomes ``interrupted``."""
+    from rollbox.rollouts.runs import interrupt_run
+
+    with contextlib.suppress(Exception), _ignoring_signals():
+        interrupt_run(meta, blobs, meta.get_run(run_id))
+
+
+@contextlib.contextmanager
+def _ignoring_signals() -> Any:
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``run`` and ``repro`` to the top-level app."""
 
@@ -192,17 +215,24 @@ def register(app: typer.Typer) -> None:
         live = _Live(enabled=not json_)
         events = RunEvents(on_start=live.start, on_rollout=live.update)
         runner = Run(home, meta, blobs, options, events=events)
-        run = runner.start_resume(resume) if resume else runner.start_new()
-        choice = runner.choice
-        assert choice is not None
-        if not json_:
-            verb = "resuming" if resume else "run"
-            console.print(f"{verb} {run.id}: agent {runner.options.agent}")
-            console.print(f"backend: {choice.name} ({choice.reason})")
+        # Until the event loop takes over, SIGTERM interrupts like Ctrl-C (never a silent
+        # death that leaves the run record "running").
+        signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
+            run = runner.start_resume(resume) if resume else runner.start_new()
+            choice = runner.choice
+            assert choice is not None
+            if not json_:
+                verb = "resuming" if resume else "run"
+                console.print(f"{verb} {run.id}: agent {runner.options.agent}")
+                console.print(f"backend: {choice.name} ({choice.reason})")
             asyncio.run(_with_signals(runner.execute(), lambda: runner.stoppable))
         except (KeyboardInterrupt, asyncio.CancelledError):
+            if runner.run is None:  # before the run record existed: nothing to mark
+                raise typer.Exit(130) from None
+            run = runner.run
             if not runner.completed:  # else: the signal came after the run was closed
+                _mark_interrupted(meta, blobs, run.id)
                 live.stop()
                 msg = f"interrupted: {run.id} (finish it with: rollbox run --resume {run.id})"
                 if json_:

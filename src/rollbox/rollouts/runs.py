@@ -43,6 +43,7 @@ from rollbox.errors import InvalidInputError, RollboxError, TaskError
 from rollbox.hoststate import HostState
 from rollbox.ids import new_id
 from rollbox.models import PhaseStamp, RolloutRecord, RunRecord, utcnow
+from rollbox.rollouts import blame
 from rollbox.rollouts.agents import Agent, parse_agent
 from rollbox.rollouts.backend_choice import BackendChoice, choose_backend
 from rollbox.rollouts.runner import RolloutPlan, RolloutRunner
@@ -185,8 +186,6 @@ def reap_stale_runs(meta: MetaStore, blobs: BlobStore) -> list[str]:
     still hold a ``running`` or ``queued`` record (their process was killed while closing)
     get those records marked too. Returns the ids of the runs marked.
     """
-    from rollbox.store.provenance import finalize_run
-
     marked: list[str] = []
     here = socket.gethostname()
     for run in meta.list_runs():
@@ -194,19 +193,32 @@ def reap_stale_runs(meta: MetaStore, blobs: BlobStore) -> list[str]:
             continue
         if run.host and run.host != here:
             continue  # a shared PostgreSQL store: another machine's pids mean nothing here
-        fixed = _interrupt_unfinished(meta, blobs, run)
-        if run.status != "running" and not fixed:
-            continue
-        if run.status == "running":
-            run.status = "interrupted"
-            run.finished_at = utcnow()
-        meta.update_run(run)
-        try:
-            finalize_run(meta, meta.get_run(run.id))
-        except RollboxError:
-            pass
-        marked.append(run.id)
+        if interrupt_run(meta, blobs, run):
+            marked.append(run.id)
     return marked
+
+
+def interrupt_run(meta: MetaStore, blobs: BlobStore, run: RunRecord) -> bool:
+    """Mark a run no live process is executing: a ``running`` run becomes ``interrupted``,
+    and its ``running``/``queued`` records too (sealed; final records untouched).
+
+    Returns:
+        True when anything changed.
+    """
+    from rollbox.store.provenance import finalize_run
+
+    fixed = _interrupt_unfinished(meta, blobs, run)
+    if run.status != "running" and not fixed:
+        return False
+    if run.status == "running":
+        run.status = "interrupted"
+        run.finished_at = utcnow()
+    meta.update_run(run)
+    try:
+        finalize_run(meta, meta.get_run(run.id))
+    except RollboxError:
+        pass
+    return True
 
 
 def _interrupt_unfinished(meta: MetaStore, blobs: BlobStore, run: RunRecord) -> int:
@@ -548,7 +560,7 @@ class Run:
             if previous is not None:
                 await self._link(previous, rec.id)
             self.records.append(rec)
-            if rec.status != "infra_error" or n == self.options.retries:
+            if not blame.retryable(rec) or n == self.options.retries:
                 return
             previous, retry_of, queued_at = rec, rec.id, utcnow()
 
