@@ -5,6 +5,8 @@
   ``$ROLLBOX_TEST_HOME`` (default ``/var/tmp/rollbox-test``), so expensive baselines such as
   the default Debian one are bootstrapped once per machine, not once per test.
 * Tests marked ``root`` are skipped (with the reason) when not running as root.
+* A backend that cannot run skips its tests, or fails them when ``ROLLBOX_REQUIRE_BACKENDS``
+  names it (``requirebackends.py``); skipped backends are listed at the end of the run.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from requirebackends import required_backends, summary_lines
 from rollbox.config import Home
 from rollbox.models import BaselineInfo
 
@@ -23,6 +26,19 @@ DEV_TAR = Path("/var/tmp/rollbox-dev/rootfs.tar")
 DEV_NAME = "rollbox-test/dev-rootfs"
 SHARED = ("oci", "layers", "baselines", "cache")
 """What a per-test home shares with the session home: the baseline store, not sandboxes."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    required_backends()  # a misspelt ROLLBOX_REQUIRE_BACKENDS stops the run at once
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line per backend that was skipped (the run did not test it)."""
+    lines = summary_lines()
+    if lines:
+        terminalreporter.section("skipped backends")
+        for line in lines:
+            terminalreporter.write_line(line, yellow=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -8,8 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
+from requirebackends import backend_unavailable
 from rollbox.backends.registry import get_backend
 from rollbox.config import Home
 from rollbox.errors import BackendUnavailableError
@@ -30,4 +29,4 @@ def need_backend(backend: str, home: Home) -> None:
     try:
         get_backend(backend, home).prepare()
     except BackendUnavailableError as exc:
-        pytest.skip(f"{backend} unavailable: {exc}")
+        backend_unavailable(backend, exc)

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from requirebackends import backend_unavailable
 from rollbox.backends.microvm import MicroVMBackend
 from rollbox.config import Home
 from rollbox.errors import BackendUnavailableError
@@ -34,5 +35,5 @@ def vm_backend(vm_home: Home) -> MicroVMBackend:
     try:
         be.prepare()
     except BackendUnavailableError as exc:
-        pytest.skip(f"microvm unavailable: {exc}")
+        backend_unavailable("microvm", exc)
     return be

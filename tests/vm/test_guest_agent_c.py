@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from requirebackends import backend_unavailable
 from rollbox.backends.microvm import MicroVMBackend, MicroVMSandbox
 from rollbox.backends.microvm.guest_agent import T_JSON, T_OUT, frame
 from rollbox.baselines.store import BaselineStore
@@ -38,7 +39,7 @@ def test_baseline_without_python_boots_and_execs(
     vm_backend: MicroVMBackend, vm_home: Home, tmp_path: Path
 ) -> None:
     if not BUSYBOX.is_file():
-        pytest.skip("busybox-static is not installed")
+        backend_unavailable("microvm", "busybox-static is not installed")
     info = BaselineStore(vm_home).import_rootfs(_busybox_rootfs(tmp_path / "rootfs"))
     spec = SandboxSpec(baseline=info.digest, backend="microvm", limits=Limits(memory_mb=48))
 

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from requirebackends import backend_unavailable
 from rollbox.backends.gvisor import GVisorBackend
 from rollbox.config import Home
 from rollbox.errors import BackendUnavailableError
@@ -40,5 +41,5 @@ def gvisor(gv_home: Home) -> GVisorBackend:
     try:
         be.prepare()
     except BackendUnavailableError as exc:
-        pytest.skip(f"gvisor unavailable: {exc}")
+        backend_unavailable("gvisor", exc)
     return be

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from requirebackends import backend_unavailable
 from rollbox.backends.base import Backend
 from rollbox.backends.registry import get_backend
 from rollbox.config import Home
@@ -46,7 +47,7 @@ def backend_or_skip(sbx_home: Home) -> Callable[[str], Backend]:
         try:
             be.prepare()
         except BackendUnavailableError as exc:
-            pytest.skip(f"backend {name} unavailable: {exc}")
+            backend_unavailable(name, exc)
         return be
 
     return make

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from requirebackends import backend_unavailable
 from rollbox.backends.microvm.guest_agent import (
     T_DATA,
     T_EOF,
@@ -85,7 +86,7 @@ def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     try:
         return agent_binary(home)
     except BackendUnavailableError as exc:
-        pytest.skip(str(exc))
+        backend_unavailable("microvm", exc)
 
 
 @pytest.fixture
