@@ -573,6 +573,9 @@ class RolloutRecord(RecordModel):
     """Collected artifacts and logs (name = path inside the sandbox)."""
     fs_diff: list[FsChange] = []
     """Filesystem changes against the baseline."""
+    suspicious_changes: list[str] = []
+    """Paths of ``fs_diff`` under system directories (``/usr``, ``/bin``, ``/lib*``, ``/etc``,
+    ``/opt``, ``/sbin``): a shared-mode verifier runs the programs found there."""
     verifier: VerifierOutcome | None = None
     """The verifier's outcome."""
     retry_of: str | None = None
@@ -748,3 +751,8 @@ class RunSummary(RecordModel):
     """Passed / final attempts over all tasks."""
     mean_reward: float | None
     """Mean reward over all final attempts with a reward."""
+    suspicious_changes: int = 0
+    """Paths under system directories changed by agents (``suspicious_changes``), summed over
+    final attempts."""
+    suspicious_rollouts: int = 0
+    """Final attempts with at least one suspicious change."""

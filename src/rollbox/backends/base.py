@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
+from rollbox.backends.isolation import IsolatedExec
 from rollbox.config import Home
 from rollbox.models import BaselineInfo, Capabilities, ExecResult, SandboxInfo, SandboxSpec
 
@@ -70,6 +71,7 @@ class SandboxHandle(abc.ABC):
         user: str | None = None,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
+        isolate: IsolatedExec | None = None,
     ) -> ExecResult:
         """Run a command inside the sandbox and wait for it.
 
@@ -85,6 +87,10 @@ class SandboxHandle(abc.ABC):
             user: ``root`` or a uid[:gid]/name inside (default: the sandbox's user).
             on_stdout: called with each decoded stdout chunk as it arrives.
             on_stderr: called with each decoded stderr chunk as it arrives.
+            isolate: run the command in its own mount namespace with fresh directories
+                filled from the host, collect files back, and/or kill every other process
+                first (see :class:`~rollbox.backends.isolation.IsolatedExec`); its output
+                fields are filled in.
 
         Returns:
             The exit code, capped stdout/stderr, duration and OOM flag.
@@ -93,6 +99,7 @@ class SandboxHandle(abc.ABC):
             ExecTimeoutError: the command ran past ``timeout``.
             SandboxStateError: the sandbox is destroyed or paused.
             SandboxCrashedError: the sandbox's runtime died.
+            CapabilityError: the backend cannot isolate an exec as ``isolate`` asks.
         """
 
     @abc.abstractmethod

@@ -158,6 +158,7 @@ def _show(rec: RolloutRecord, blobs: BlobStore, logs: bool) -> None:
             "  ".join(f"{p.phase}@{p.at.strftime('%H:%M:%S.%f')[:-3]}" for p in rec.phases),
         ),
         ("fs diff", f"{len(rec.fs_diff)} changes"),
+        ("system files changed", ", ".join(rec.suspicious_changes[:20]) or "-"),
         ("blobs", "\n".join(f"{b.name}: {b.digest} ({b.size} B)" for b in rec.blob_refs())),
         ("retry", f"of {rec.retry_of or '-'}  by {rec.retried_by or '-'}"),
         ("provenance", rec.provenance_digest or "not sealed"),

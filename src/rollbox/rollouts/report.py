@@ -159,6 +159,8 @@ def summarize(
         platform=platform,
         overall_pass_rate=sum(_passed(r) for r in final) / len(final) if final else None,
         mean_reward=sum(all_rewards) / len(all_rewards) if all_rewards else None,
+        suspicious_changes=sum(len(r.suspicious_changes) for r in final),
+        suspicious_rollouts=sum(bool(r.suspicious_changes) for r in final),
     )
 
 
@@ -222,4 +224,9 @@ def render(summary: RunSummary) -> Group:
     else:
         clean = Text("LEFTOVERS: " + ", ".join(p.cleanup_leftovers[:10]), style="red")
     plat.add_row("cleanup check", clean)
+    sus = f"{summary.suspicious_changes} paths in {summary.suspicious_rollouts} rollouts"
+    plat.add_row(
+        "system files changed",
+        Text(sus, style="yellow") if summary.suspicious_changes else Text(sus),
+    )
     return Group(tasks, plat)

@@ -43,12 +43,14 @@ from typing import Any, TypeVar
 
 from rollbox import __version__
 from rollbox.backends.base import Backend, SandboxHandle
+from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.registry import get_backend
 from rollbox.config import Home
 from rollbox.errors import (
     BackendError,
     CapabilityError,
     ExecTimeoutError,
+    InvalidInputError,
     RollboxError,
     VerifierError,
 )
@@ -69,6 +71,13 @@ from rollbox.rollouts.agents import INSTRUCTION_PATH, Agent, AgentContext, Agent
 from rollbox.rollouts.diff import diff_upper, signature, upper_dir_of
 from rollbox.rollouts.tasks import Task, task_tar
 from rollbox.rollouts.verifier import REWARD_DIR, REWARD_JSON, REWARD_TXT, parse_reward
+from rollbox.rollouts.verifier_exec import (
+    VerifierRun,
+    is_unsupported,
+    isolated_request,
+    protected,
+    suspicious,
+)
 from rollbox.sandbox import AsyncSandbox, create_handle
 from rollbox.store.blobs import BlobStore
 from rollbox.store.metadata import MetaStore
@@ -501,17 +510,27 @@ class RolloutRunner:
     async def _verify(self, rec: RolloutRecord, sbx: AsyncSandbox, task: Task) -> None:
         timing = self._time(rec)
         mode = task.verifier.environment_mode
+        rec.suspicious_changes = suspicious(rec.fs_diff)
         t0 = time.perf_counter()
-        await sbx.files.upload(task.tests_dir, TESTS_DIR)
         outcome = VerifierOutcome(mode=mode)
+        cmd = ["bash", "-c", f"mkdir -p {REWARD_DIR} && exec bash {TESTS_DIR}/test.sh"]
+        opts: dict[str, Any] = {
+            "cwd": task.environment.workdir,
+            "env": dict(task.verifier.env),
+            "timeout": task.verifier.timeout_sec,
+        }
+        stop = task.rollbox.stop_agent_before_verify and mode == "shared"
+        run: VerifierRun | None = None
         started = time.perf_counter()
         try:
-            r = await sbx.exec(
-                ["bash", "-c", f"mkdir -p {REWARD_DIR} && exec bash {TESTS_DIR}/test.sh"],
-                cwd=task.environment.workdir,
-                env=dict(task.verifier.env),
-                timeout=task.verifier.timeout_sec,
-            )
+            if protected():
+                run = await self._verifier_exec(sbx, task, cmd, opts, stop=stop)
+                rec.extra = {**rec.extra, "verifier_isolation": run.isolation}
+                r = run.result
+            else:  # test-only: the unprotected path, to show the guard is what stops forgeries
+                await sbx.files.upload(task.tests_dir, TESTS_DIR)
+                started = time.perf_counter()
+                r = await sbx.exec(cmd, **opts)
             outcome.exit_code = r.exit_code
             rec.exit_codes = {**rec.exit_codes, "verifier": r.exit_code}
             out, err, cut = r.stdout, r.stderr, r.truncated
@@ -522,7 +541,14 @@ class RolloutRunner:
         outcome.stdout = self._ref("verifier.stdout", out.encode(), truncated=cut)
         outcome.stderr = self._ref("verifier.stderr", err.encode(), truncated=cut)
         # /logs/verifier comes out once: kept as artifacts, and the reward is read from it.
-        txt, js = await self._verifier_logs(rec, sbx)
+        if run is not None and run.logs is not None:
+            refs = [self._ref(f"{REWARD_DIR}/{k}", v) for k, v in sorted(run.logs.items())]
+            rec.artifacts = [*rec.artifacts, *refs]
+            txt, js = run.logs.get("reward.txt"), run.logs.get("reward.json")
+        elif outcome.error is None:
+            txt, js = await self._verifier_logs(rec, sbx)
+        else:
+            txt = js = None
         if outcome.error is None:
             try:
                 reward = parse_reward(txt, js)
@@ -538,6 +564,28 @@ class RolloutRunner:
                 )
         timing.backend_s += time.perf_counter() - t0
         rec.verifier = outcome
+
+    @staticmethod
+    async def _verifier_exec(
+        sbx: AsyncSandbox, task: Task, cmd: list[str], opts: dict[str, Any], *, stop: bool
+    ) -> VerifierRun:
+        """Run the verifier in its own mount namespace (``/tests``, ``/logs/verifier``
+        private); where the backend cannot, empty both and upload the tests just before."""
+        try:
+            iso = isolated_request(task.tests_dir, stop_agent=stop)
+        except InvalidInputError as exc:
+            raise _Fail("failed", "task", f"task {task.name}: {exc.one_line()}") from None
+        try:
+            r = await sbx.exec(cmd, isolate=iso, **opts)
+            return VerifierRun(r, iso.collected, "private")
+        except CapabilityError as exc:
+            if not is_unsupported(exc):
+                raise
+        if stop:
+            await sbx.exec(["true"], isolate=IsolatedExec(kill_others=True))
+        await sbx.exec(["rm", "-rf", TESTS_DIR, REWARD_DIR])
+        await sbx.files.upload(task.tests_dir, TESTS_DIR)
+        return VerifierRun(await sbx.exec(cmd, **opts), None, "none")
 
     async def _verifier_logs(
         self, rec: RolloutRecord, sbx: AsyncSandbox

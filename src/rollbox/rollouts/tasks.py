@@ -131,6 +131,9 @@ class RollboxSection(BaseModel):
     """A rollout passes when its reward is at least this (unset: when it is above 0)."""
     baseline: str | None = None
     """A baseline reference (digest/name) to use instead of ``environment/Dockerfile``."""
+    stop_agent_before_verify: bool = False
+    """Kill every process the agent left running before a shared-mode verifier starts
+    (default: they keep running, so tests can query a server the agent started)."""
 
 
 @dataclass(frozen=True)

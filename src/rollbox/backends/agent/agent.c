@@ -7,22 +7,35 @@
  *       fork (the parent exits at once), setsid, fork again (the middle process only
  *       waits to reap bwrap), write our pid into each cgroup.procs file, enter the network namespace NETNS if given, then exec PROG (used on the
  *       host so bwrap and everything below it start inside the sandbox's cgroups).
- *   rollbox-agent serve FD [READYFD]
+ *   rollbox-agent serve FD [READYFD|- [SECCOMPFD]]
  *       PID 1 of the sandbox (writes one byte to READYFD once running): accept connections on the listening unix socket FD; every
  *       connection is one exec handled by a forked session process. Reaps orphans.
+ *       With SECCOMPFD (a compiled BPF program), the agent itself runs without that filter
+ *       and with CAP_SYS_ADMIN (to build private mount namespaces, flag 8); every command
+ *       drops CAP_SYS_ADMIN and loads the filter before it execs, so commands run exactly
+ *       as before.
  *
  * Wire format (both directions): u8 type, u32 little-endian length, payload.
  *   host -> agent  'E' exec request: u32 uid, gid, nofile, flags, argc, envc, then
  *                      NUL-terminated cwd, argv[argc], env[envc]; with flag 4 it carries
  *                      (SCM_RIGHTS) open cgroup.procs files of the exec's own cgroups: the
- *                      command joins them itself and there is no 'P'/'G' handshake
+ *                      command joins them itself and there is no 'P'/'G' handshake.
+ *                      Flag 8 (private mounts) appends: u32 ndirs, u32 nfiles, dirs[ndirs]
+ *                      NUL-terminated, files[nfiles] as (u32 mode, u32 size, path NUL,
+ *                      data[size]), collect-dir NUL: the session unshares a mount
+ *                      namespace (/ rprivate), mounts a fresh tmpfs on each dir, writes the
+ *                      files, runs the command there and, once it exits, returns the regular
+ *                      files under collect-dir as 'L' frames. Flag 16 kills every other
+ *                      process of the sandbox first (PID 1 excepted).
  *                  'G' go (the host has placed the child in its exec cgroup)
  *                  'I' stdin data (empty payload: close stdin)
  *                  'Q' ping
  *   agent -> host  'P' u32 pid of the command inside the sandbox's pid namespace
  *                  'O' stdout chunk   'R' stderr chunk
  *                  'F' u8 stage ('C' chdir, 'U' user, 'E' exec, 'G' cgroup,
- *                      'S' session fork), i32 errno
+ *                      'S' session fork, 'M' private mounts, 'K' seccomp/capabilities),
+ *                      i32 errno
+ *                  'L' u32 mode, u32 full size, relative path NUL, data (a collected file)
  *                  'X' i32 exit code (128+N when killed by signal N)
  *                  'A' pong
  */
@@ -36,8 +49,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sched.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -48,7 +68,10 @@
 #define FLAG_STDIN 1u
 #define FLAG_USER 2u
 #define FLAG_CGFDS 4u /* cgroup.procs fds came with the request: no pid/go handshake */
-#define MAX_REQ (4u << 20)
+#define FLAG_PRIVATE 8u /* private mount namespace with fresh dirs (see the header) */
+#define FLAG_KILLALL 16u /* kill every other process of the sandbox first */
+#define MAX_REQ (64u << 20) /* a private exec carries its files (a task's tests/) */
+#define COLLECT_MAX (64u << 20) /* bytes of collected files returned per exec */
 
 static int write_all(int fd, const void *buf, size_t len) {
     const char *p = buf;
@@ -194,6 +217,172 @@ static uint32_t rd32(const char **p) {
     return v;
 }
 
+/* The sandbox's seccomp program when the agent applies it per command (serve SECCOMPFD). */
+static struct sock_fprog seccomp_prog;
+
+static int load_seccomp(int fd) {
+    struct stat st;
+    if (fstat(fd, &st) < 0 || st.st_size <= 0 || st.st_size % sizeof(struct sock_filter) ||
+        st.st_size / sizeof(struct sock_filter) > 65535)
+        return -1;
+    struct sock_filter *f = malloc((size_t)st.st_size);
+    if (!f || read_all(fd, f, (size_t)st.st_size) < 0) return -1;
+    seccomp_prog.len = (unsigned short)(st.st_size / sizeof(struct sock_filter));
+    seccomp_prog.filter = f;
+    return 0;
+}
+
+/* In the command, before exec: give up CAP_SYS_ADMIN (all sets) and load the filter, so the
+ * command has exactly what it would have had under bwrap's own --seccomp. */
+static int restrict_command(void) {
+    if (!seccomp_prog.filter) return 0;
+    if (prctl(PR_CAPBSET_READ, CAP_SYS_ADMIN, 0, 0, 0) == 1 &&
+        prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0) < 0)
+        return -1;
+    struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct d[2];
+    if (syscall(SYS_capget, &h, d) < 0) return -1;
+    for (int i = 0; i < 2; i++) {
+        uint32_t bit = CAP_SYS_ADMIN / 32 == (unsigned)i ? 1u << (CAP_SYS_ADMIN % 32) : 0;
+        d[i].effective &= ~bit;
+        d[i].permitted &= ~bit;
+        d[i].inheritable &= ~bit;
+    }
+    if (syscall(SYS_capset, &h, d) < 0) return -1;
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) return -1;
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &seccomp_prog) < 0 ? -1 : 0;
+}
+
+/* Is any process besides PID 1 and us still alive (not a zombie)? */
+static int others_alive(void) {
+    DIR *d = opendir("/proc");
+    if (!d) return 0;
+    pid_t self = getpid();
+    int alive = 0;
+    struct dirent *e;
+    while (!alive && (e = readdir(d))) {
+        char *endp;
+        long pid = strtol(e->d_name, &endp, 10);
+        if (*endp || pid <= 1 || pid == self) continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (n <= 0) continue;
+        buf[n] = 0;
+        char *rp = strrchr(buf, ')');
+        if (rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X') alive = 1;
+    }
+    closedir(d);
+    return alive;
+}
+
+/* Flag 16: SIGKILL everything but PID 1 and us, again while forks race the kill (<= 5 s). */
+static void kill_others(void) {
+    for (int round = 0; round < 1000; round++) {
+        kill(-1, SIGKILL);
+        if (!others_alive()) return;
+        usleep(5000);
+    }
+}
+
+static int mkdirs(const char *path) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) return -1;
+    memcpy(buf, path, n + 1);
+    for (char *q = buf + 1; *q; q++) {
+        if (*q != '/') continue;
+        *q = 0;
+        if (mkdir(buf, 0755) < 0 && errno != EEXIST) return -1;
+        *q = '/';
+    }
+    return mkdir(buf, 0755) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Flag 8: this session's own mount namespace, fresh tmpfs dirs, the host's files in them. */
+static int private_setup(char **dirs, uint32_t ndirs, const char *files, const char *fend,
+                         uint32_t nfiles) {
+    if (unshare(CLONE_NEWNS) < 0) return -1;
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) return -1;
+    for (uint32_t i = 0; i < ndirs; i++) {
+        if (mkdirs(dirs[i]) < 0) return -1;
+        if (mount("tmpfs", dirs[i], "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=256m") < 0)
+            return -1;
+    }
+    const char *q = files;
+    for (uint32_t i = 0; i < nfiles; i++) {
+        if (fend - q < 8) { errno = EINVAL; return -1; }
+        uint32_t mode = rd32(&q), size = rd32(&q);
+        const char *path = q;
+        size_t pl = strnlen(q, (size_t)(fend - q));
+        q += pl + 1;
+        if (q > fend || (size_t)(fend - q) < size || path[0] != '/' || strstr(path, "/../") ||
+            strstr(path, "/./")) {
+            errno = EINVAL;
+            return -1;
+        }
+        char parent[4096];
+        const char *slash = strrchr(path, '/');
+        if ((size_t)(slash - path) >= sizeof parent) { errno = ENAMETOOLONG; return -1; }
+        memcpy(parent, path, (size_t)(slash - path));
+        parent[slash - path] = 0;
+        if (parent[0] && mkdirs(parent) < 0) return -1;
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode & 07777);
+        if (fd < 0) return -1;
+        if (write_all(fd, q, size) < 0 || fchmod(fd, mode & 07777) < 0) { close(fd); return -1; }
+        close(fd);
+        q += size;
+    }
+    return 0;
+}
+
+/* Sends the regular files under DIR (relative names, no symlinks followed) as 'L' frames. */
+static void collect_dir(int conn, const char *dir, const char *rel, size_t *budget, int depth) {
+    if (depth > 32) return;
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char full[4096], name[4096];
+        if (snprintf(full, sizeof full, "%s/%s", dir, e->d_name) >= (int)sizeof full) continue;
+        if (snprintf(name, sizeof name, "%s%s%s", rel, *rel ? "/" : "", e->d_name) >=
+            (int)sizeof name)
+            continue;
+        struct stat st;
+        if (lstat(full, &st) < 0) continue;
+        if (S_ISDIR(st.st_mode)) {
+            collect_dir(conn, full, name, budget, depth + 1);
+            continue;
+        }
+        if (!S_ISREG(st.st_mode)) continue;
+        int fd = open(full, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) continue;
+        size_t want = (size_t)st.st_size < *budget ? (size_t)st.st_size : *budget;
+        size_t nl = strlen(name) + 1, got = 0;
+        char *msg = malloc(8 + nl + want);
+        if (msg) {
+            uint32_t mode = st.st_mode & 07777, full_size = (uint32_t)st.st_size;
+            memcpy(msg, &mode, 4);
+            memcpy(msg + 4, &full_size, 4);
+            memcpy(msg + 8, name, nl);
+            while (got < want) {
+                ssize_t n = read(fd, msg + 8 + nl + got, want - got);
+                if (n <= 0) break;
+                got += (size_t)n;
+            }
+            *budget -= got;
+            send_frame(conn, 'L', msg, (uint32_t)(8 + nl + got));
+            free(msg);
+        }
+        close(fd);
+    }
+    closedir(d);
+}
+
 static void session(int conn) {
     char *req = NULL;
     uint32_t len = 0;
@@ -222,6 +411,47 @@ static void session(int conn) {
         p += strnlen(p, (size_t)(end - p)) + 1;
     }
     if (p > end || !argv[argc - 1]) _exit(1);
+    char **pdirs = NULL;
+    uint32_t ndirs = 0, nfiles = 0;
+    const char *pfiles = NULL, *collect = NULL;
+    if (flags & FLAG_PRIVATE) {
+        if (end - p < 8) _exit(1);
+        ndirs = rd32(&p);
+        nfiles = rd32(&p);
+        if (ndirs > 64) _exit(1);
+        pdirs = calloc(ndirs + 1, sizeof(char *));
+        for (uint32_t i = 0; i < ndirs; i++) {
+            if (p >= end) _exit(1);
+            pdirs[i] = (char *)p;
+            p += strnlen(p, (size_t)(end - p)) + 1;
+        }
+        pfiles = p;
+        /* Skip over the files to find the collect dir (checked again while writing). */
+        for (uint32_t i = 0; i < nfiles; i++) {
+            if (end - p < 8) _exit(1);
+            const char *h = p + 4;
+            uint32_t size = rd32(&h);
+            p += 8;
+            p += strnlen(p, (size_t)(end - p)) + 1;
+            if (p > end || (size_t)(end - p) < size) _exit(1);
+            p += size;
+        }
+        if (p >= end) _exit(1);
+        collect = p;
+        p += strnlen(p, (size_t)(end - p)) + 1;
+        if (p > end) _exit(1);
+    }
+    if (flags & FLAG_KILLALL) kill_others();
+    if ((flags & FLAG_PRIVATE) && private_setup(pdirs, ndirs, pfiles, collect, nfiles) < 0) {
+        char fb[5];
+        int e = errno;
+        fb[0] = 'M';
+        memcpy(fb + 1, &e, 4);
+        send_frame(conn, 'F', fb, 5);
+        int32_t code = 125;
+        send_frame(conn, 'X', &code, 4);
+        _exit(0);
+    }
 
     int out[2], err[2], in[2] = {-1, -1}, go[2], ef[2], sc[2];
     if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(go, O_CLOEXEC) ||
@@ -263,6 +493,10 @@ static void session(int conn) {
         if (nofile) {
             struct rlimit rl = {nofile, nofile};
             setrlimit(RLIMIT_NOFILE, &rl);
+        }
+        if (restrict_command() < 0) {
+            report_fail(ef[1], 'K', errno);
+            _exit(125);
         }
         if (flags & FLAG_USER) {
             if (setgroups(0, NULL) || setgid(gid) || setuid(uid)) {
@@ -360,6 +594,10 @@ static void session(int conn) {
     }
     char fb[5];
     if (read(ef[0], fb, 5) == 5) send_frame(conn, 'F', fb, 5);
+    if (collect && collect[0]) {
+        size_t budget = COLLECT_MAX;
+        collect_dir(conn, collect, "", &budget, 0);
+    }
     int32_t code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     send_frame(conn, 'X', &code, 4);
     _exit(0);
@@ -462,7 +700,7 @@ static int launch(char *procs, const char *netns, char **argv) {
 
 int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "serve") == 0) {
-        if (argc >= 4) {
+        if (argc >= 4 && strcmp(argv[3], "-") != 0) {
             /* Tell the host we are up (cheaper than a ping connection), then let go. */
             int rfd = atoi(argv[3]);
             (void)!write(rfd, "r", 1);
@@ -471,6 +709,14 @@ int main(int argc, char **argv) {
         /* Nothing else the launcher passed (e.g. the memfd this agent was started from)
          * may reach the commands it runs. */
         int lfd = atoi(argv[2]);
+        if (argc >= 5) {
+            int sfd = atoi(argv[4]);
+            if (load_seccomp(sfd) < 0) {
+                fprintf(stderr, "rollbox-agent: cannot read the seccomp program\n");
+                return 125;
+            }
+            close(sfd);
+        }
         for (int fd = 3; fd < 1024; fd++)
             if (fd != lfd) close(fd);
         return serve(lfd);

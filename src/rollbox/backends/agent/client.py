@@ -124,7 +124,7 @@ class AgentClient:
         try:
             if cgroup_fds:
                 await self._send_stdin(writer, req)
-                return await self._collect(reader, on_stdout, on_stderr)
+                return await self._collect(reader, on_stdout, on_stderr, req)
             kind, payload = await _read_frame(reader)
             if kind == p.FAIL:
                 err = struct.unpack("<i", payload[1:5])[0]
@@ -138,7 +138,7 @@ class AgentClient:
                 await on_pid(struct.unpack("<I", payload)[0])
             writer.write(p.frame(p.GO))
             await self._send_stdin(writer, req)
-            return await self._collect(reader, on_stdout, on_stderr)
+            return await self._collect(reader, on_stdout, on_stderr, req)
         except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError):
             raise SandboxCrashedError(
                 "the sandbox agent connection broke (sandbox died?)"
@@ -157,7 +157,7 @@ class AgentClient:
 
     @staticmethod
     async def _collect(
-        reader: asyncio.StreamReader, on_stdout: ByteSink, on_stderr: ByteSink
+        reader: asyncio.StreamReader, on_stdout: ByteSink, on_stderr: ByteSink, req: ExecRequest
     ) -> AgentExit:
         fail_stage: str | None = None
         fail_errno = 0
@@ -176,6 +176,9 @@ class AgentClient:
                         hint="its pids or memory limit is exhausted",
                     )
                 fail_stage = stage
+            elif kind == p.COLLECTED and req.isolate is not None:
+                rel, _mode, full, data = p.decode_collected(payload)
+                req.isolate.add_collected(rel, data, full)
             elif kind == p.EXIT:
                 code = struct.unpack("<i", payload)[0]
                 return AgentExit(code, fail_stage, fail_errno)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
+from rollbox.backends.isolation import IsolatedExec
+
 HEADER = struct.Struct("<cI")
 
 # host -> agent
@@ -19,12 +21,23 @@ STDERR = b"R"
 FAIL = b"F"
 EXIT = b"X"
 PONG = b"A"
+COLLECTED = b"L"
 
 FLAG_STDIN = 1
 FLAG_USER = 2
 FLAG_CGFDS = 4
+FLAG_PRIVATE = 8
+FLAG_KILLALL = 16
 
-FAIL_STAGES = {b"C": "chdir", b"U": "user", b"E": "exec", b"S": "session", b"G": "cgroup"}
+FAIL_STAGES = {
+    b"C": "chdir",
+    b"U": "user",
+    b"E": "exec",
+    b"S": "session",
+    b"G": "cgroup",
+    b"M": "private mounts",
+    b"K": "restrict",
+}
 
 
 @dataclass
@@ -45,6 +58,8 @@ class ExecRequest:
     """RLIMIT_NOFILE for the command; 0 leaves it."""
     stdin: bytes | None = None
     """Bytes fed to stdin, then closed; ``None`` connects /dev/null."""
+    isolate: IsolatedExec | None = None
+    """Private mount namespace / kill-the-rest options (flags 8 and 16)."""
 
 
 def frame(kind: bytes, payload: bytes = b"") -> bytes:
@@ -71,6 +86,11 @@ def encode_exec(req: ExecRequest, *, cgroup_fds: bool = False) -> bytes:
     flags = (FLAG_STDIN if req.stdin is not None else 0) | (FLAG_USER if req.uid is not None else 0)
     if cgroup_fds:
         flags |= FLAG_CGFDS
+    iso = req.isolate
+    if iso is not None and iso.kill_others:
+        flags |= FLAG_KILLALL
+    if iso is not None and iso.fresh:
+        flags |= FLAG_PRIVATE
     env_items = [f"{k}={v}" for k, v in req.env.items()]
     for k in req.env:
         if not k or "=" in k:
@@ -89,4 +109,18 @@ def encode_exec(req: ExecRequest, *, cgroup_fds: bool = False) -> bytes:
         *(_cstr(a, "argument") for a in req.argv),
         *(_cstr(e, "environment") for e in env_items),
     ]
+    if flags & FLAG_PRIVATE:
+        assert iso is not None
+        body.append(struct.pack("<2I", len(iso.fresh), len(iso.files)))
+        body += [_cstr(d, "directory") for d in iso.fresh]
+        for path, (mode, data) in iso.files.items():
+            body += [struct.pack("<2I", mode, len(data)), _cstr(path, "path"), data]
+        body.append(_cstr(iso.collect or "", "directory"))
     return frame(EXEC, b"".join(body))
+
+
+def decode_collected(payload: bytes) -> tuple[str, int, int, bytes]:
+    """An ``L`` frame: (relative path, mode, full size, data)."""
+    mode, full = struct.unpack_from("<2I", payload)
+    nul = payload.index(b"\0", 8)
+    return payload[8:nul].decode("utf-8", "surrogateescape"), mode, full, payload[nul + 1 :]

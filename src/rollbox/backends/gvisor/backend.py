@@ -52,6 +52,7 @@ from rollbox.backends.common.bundle import DEFAULT_PATH, oci_config, write_bundl
 from rollbox.backends.common.cgroups import Cgroup
 from rollbox.backends.common.reasons import dir_full, fork_failed, tracked
 from rollbox.backends.gvisor.helper import helper_binary, statx_shim
+from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.namespace.backend import NamespaceBackend, NamespaceSandbox, _ping_sync
 from rollbox.backends.namespace.capture import StreamCapture
 from rollbox.backends.state import read_state
@@ -512,10 +513,15 @@ class GVisorSandbox(NamespaceSandbox):
         user: str | None = None,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
+        isolate: IsolatedExec | None = None,
     ) -> ExecResult:
         """Run a command inside; see :meth:`SandboxHandle.exec`."""
         self._require_running()
         argv = command_argv(cmd)
+        if isolate is not None and (isolate.fresh or isolate.files or isolate.collect):
+            # runsc 20221219: a command's unshare(CLONE_NEWNS) mounts show in every process's
+            # mount table, so a private directory cannot be made here.
+            raise CapabilityError("gvisor cannot give one exec a private mount namespace")
         if self.info.spec.limits.pids is not None:
             # RLIMIT_NPROC per exec (see uds_listen.c): gVisor enforces it for root without
             # CAP_SYS_RESOURCE/CAP_SYS_ADMIN, which the bundle drops.
@@ -540,6 +546,7 @@ class GVisorSandbox(NamespaceSandbox):
             gid=gid,
             nofile=spec.limits.nofile or 0,
             stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+            isolate=isolate,
         )
         secret_values = [v for v in (secrets or {}).values() if v]
         cap = spec.limits.output_bytes

@@ -27,8 +27,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rollbox.backends.agent.protocol import decode_collected
 from rollbox.backends.base import Backend, OutputCallback, SandboxHandle, command_argv
 from rollbox.backends.common.reasons import is_full, tracked
+from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.microvm import disk, memfile, probe, qemu
 from rollbox.backends.microvm import snapshot as snaps
 from rollbox.backends.microvm.channel import AgentChannel, ChannelClosed
@@ -50,6 +52,7 @@ from rollbox.config import Home
 from rollbox.errors import (
     BackendError,
     BackendUnavailableError,
+    CapabilityError,
     CorruptionError,
     ExecTimeoutError,
     InvalidInputError,
@@ -358,6 +361,7 @@ class MicroVMSandbox(SandboxHandle):
         user: str | None = None,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
+        isolate: IsolatedExec | None = None,
     ) -> ExecResult:
         self._usable()
         argv = command_argv(cmd)
@@ -375,6 +379,8 @@ class MicroVMSandbox(SandboxHandle):
             "output_bytes": limits.output_bytes,
             "stdin": stdin is not None,
         }
+        if isolate is not None:
+            req["private"] = _private_request(isolate)
         # the same capture as the namespace backend: capped, secrets masked even when a
         # secret is split across two streamed chunks
         from rollbox.backends.namespace.capture import StreamCapture
@@ -388,6 +394,9 @@ class MicroVMSandbox(SandboxHandle):
         def on_frame(kind: int, payload: bytes) -> None:
             if kind in caps:
                 caps[kind].feed(payload)
+            elif kind == T_DATA and isolate is not None:
+                rel, _mode, full, data = decode_collected(payload)
+                isolate.add_collected(rel, data, full)
 
         t0 = time.monotonic()
         async with self._session() as ch:
@@ -1362,3 +1371,30 @@ class MicroVMBackend(Backend):
                 removed=out,
             )
         return out
+
+
+PRIVATE_FILES_MAX = 700 << 10
+"""Bytes of files a private exec may carry: they travel base64 in one JSON frame (1 MiB)."""
+
+
+def _private_request(iso: IsolatedExec) -> dict[str, Any]:
+    """The guest agent's ``private`` exec field for ``iso``.
+
+    Raises:
+        CapabilityError: the files do not fit in one request frame.
+    """
+    iso.check()
+    if sum(len(data) for _mode, data in iso.files.values()) > PRIVATE_FILES_MAX:
+        raise CapabilityError(
+            f"microvm: files over {PRIVATE_FILES_MAX >> 10} KiB cannot be carried into a "
+            "private mount namespace"
+        )
+    return {
+        "fresh": list(iso.fresh),
+        "files": [
+            [path, mode, base64.b64encode(data).decode()]
+            for path, (mode, data) in iso.files.items()
+        ],
+        "collect": iso.collect or "",
+        "kill_others": iso.kill_others,
+    }

@@ -39,6 +39,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -1137,6 +1138,7 @@ struct Exec {
     char cg[160];
     char *start_error; /* "CODE message" as in guest_agent.py, or NULL */
     Buf errbuf;        /* the tool's stderr (its result line) */
+    int collect_fd;    /* private exec: the fresh dir whose files go back (T_DATA), or -1 */
 };
 
 typedef struct Write Write;
@@ -1262,6 +1264,7 @@ static void exec_free(Exec *e) {
     close_fd(&e->in_fd);
     close_fd(&e->out_fd);
     close_fd(&e->err_fd);
+    close_fd(&e->collect_fd);
     buf_free(&e->stdin_buf);
     buf_free(&e->errbuf);
     free(e->start_error);
@@ -1415,7 +1418,7 @@ static Exec *exec_start(int64_t rid, int kind, char *const *argv, char *const *e
     e->rid = rid;
     e->kind = kind;
     e->cap = cap;
-    e->in_fd = e->out_fd = e->err_fd = -1;
+    e->in_fd = e->out_fd = e->err_fd = e->collect_fd = -1;
     e->deadline = timeout > 0 ? mono() + timeout : 0;
     int cg_fd = -1, cg_dir = -1;
     /* the spare cgroup if there is one (a second try makes a fresh one: the workload
@@ -1569,6 +1572,203 @@ static void finish_tool(Exec *e) {
     jo_send(&o);
 }
 
+/* ------------------------------------------------------------ private (verifier) execs
+ * An exec with "private": {"fresh": [dirs], "files": [[path, mode, base64]], "collect": dir,
+ * "kill_others": bool}. PID 1 steps into a new mount namespace (/ rprivate, a fresh tmpfs on
+ * each dir, the files written), spawns the command there, keeps an fd of the collect dir and
+ * steps back; when the command ends, the collect dir's regular files go to the host as
+ * T_DATA frames of the exec's stream (u32 LE mode, u32 LE full size, relative path NUL,
+ * data), before the exit reply. Nothing outside that namespace sees those dirs. */
+#define COLLECT_MAX (64u << 20)
+#define COLLECT_FILE_MAX (MAX_FRAME - 4096)
+static int b64val(int c);
+
+static int others_alive(void) {
+    DIR *d = opendir("/proc");
+    if (!d) return 0;
+    int alive = 0;
+    struct dirent *de;
+    while (!alive && (de = readdir(d))) {
+        char *endp;
+        long pid = strtol(de->d_name, &endp, 10);
+        if (*endp || pid <= 2) continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (n <= 0) continue;
+        buf[n] = 0;
+        char *rp = strrchr(buf, ')');
+        if (!rp || rp[1] != ' ') continue;
+        long ppid = strtol(rp + 4, NULL, 10);
+        if (ppid == 2) continue; /* a kernel thread */
+        if (rp[2] != 'Z' && rp[2] != 'X') alive = 1;
+    }
+    closedir(d);
+    return alive;
+}
+
+/* SIGKILL every process but PID 1 (and kernel threads), again while forks race it. */
+static void kill_others(void) {
+    for (int round = 0; round < 1000; round++) {
+        kill(-1, SIGKILL);
+        if (!others_alive()) return;
+        usleep(5000);
+    }
+}
+
+static int mkdirs_plain(const char *path) {
+    char b[PATH_MAX];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof b) { errno = ENAMETOOLONG; return -1; }
+    memcpy(b, path, n + 1);
+    for (char *q = b + 1; *q; q++) {
+        if (*q != '/') continue;
+        *q = 0;
+        if (mkdir(b, 0755) < 0 && errno != EEXIST) return -1;
+        *q = '/';
+    }
+    return mkdir(b, 0755) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+static size_t b64_decode(const char *src, unsigned char *dst) {
+    size_t n = 0;
+    unsigned acc = 0;
+    int bits = 0;
+    for (const char *q = src; *q; q++) {
+        int v = b64val((unsigned char)*q);
+        if (v < 0) continue;
+        acc = (acc << 6) | (unsigned)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            dst[n++] = (unsigned char)(acc >> bits);
+        }
+    }
+    return n;
+}
+
+/* Sets up the namespace; the saved ns and root fds (opened first) let private_leave go back. */
+static int private_enter(const JVal *priv, int *saved_root, int *saved_ns, int *collect_fd) {
+    *saved_root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    *saved_ns = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+    if (*saved_root < 0 || *saved_ns < 0) return -1;
+    if (unshare(CLONE_NEWNS) < 0) return -1;
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) return -1;
+    const JVal *fresh = jget(priv, "fresh");
+    for (size_t k = 0; fresh && fresh->t == J_ARR && k < fresh->n; k++) {
+        const JVal *d = fresh->items[k];
+        if (d->t != J_STR || d->s[0] != '/') { errno = EINVAL; return -1; }
+        if (mkdirs_plain(d->s) < 0) return -1;
+        if (mount("tmpfs", d->s, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=256m") < 0)
+            return -1;
+    }
+    const JVal *files = jget(priv, "files");
+    for (size_t k = 0; files && files->t == J_ARR && k < files->n; k++) {
+        const JVal *f = files->items[k];
+        if (f->t != J_ARR || f->n != 3 || f->items[0]->t != J_STR || f->items[1]->t != J_NUM ||
+            f->items[2]->t != J_STR) {
+            errno = EINVAL;
+            return -1;
+        }
+        const char *path = f->items[0]->s;
+        if (path[0] != '/' || strstr(path, "/../") || strstr(path, "/./")) {
+            errno = EINVAL;
+            return -1;
+        }
+        char parent[PATH_MAX];
+        const char *slash = strrchr(path, '/');
+        if ((size_t)(slash - path) >= sizeof parent) { errno = ENAMETOOLONG; return -1; }
+        memcpy(parent, path, (size_t)(slash - path));
+        parent[slash - path] = 0;
+        if (parent[0] && mkdirs_plain(parent) < 0) return -1;
+        int mode = (int)(f->items[1]->is_int ? f->items[1]->i : (int64_t)f->items[1]->d) & 07777;
+        unsigned char *data = malloc(f->items[2]->slen * 3 / 4 + 4);
+        if (!data) abort();
+        size_t n = b64_decode(f->items[2]->s, data);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode);
+        int bad = fd < 0;
+        for (size_t off = 0; !bad && off < n;) {
+            ssize_t w = write(fd, data + off, n - off);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) bad = 1;
+            else off += (size_t)w;
+        }
+        if (!bad && fchmod(fd, (mode_t)mode) < 0) bad = 1;
+        int err = errno;
+        if (fd >= 0) close(fd);
+        free(data);
+        if (bad) { errno = err; return -1; }
+    }
+    const char *collect = jstr(priv, "collect");
+    if (collect && *collect) {
+        *collect_fd = open(collect, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (*collect_fd < 0) return -1;
+    }
+    return 0;
+}
+
+static void private_leave(int saved_root, int saved_ns) {
+    if (saved_ns >= 0 && setns(saved_ns, CLONE_NEWNS) == 0 && saved_root >= 0) {
+        if (fchdir(saved_root) == 0 && chroot(".") == 0) (void)!chdir("/");
+    }
+    if (saved_root >= 0) close(saved_root);
+    if (saved_ns >= 0) close(saved_ns);
+}
+
+static void collect_at(int64_t rid, int dirfd, const char *rel, size_t *budget, int depth) {
+    if (depth > 32) return;
+    int dfd = dup(dirfd);
+    if (dfd < 0) return;
+    DIR *d = fdopendir(dfd);
+    if (!d) { close(dfd); return; }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        char name[PATH_MAX];
+        if (snprintf(name, sizeof name, "%s%s%s", rel, *rel ? "/" : "", de->d_name) >=
+            (int)sizeof name)
+            continue;
+        struct stat st;
+        if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue;
+        if (S_ISDIR(st.st_mode)) {
+            int sub = openat(dirfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (sub >= 0) {
+                collect_at(rid, sub, name, budget, depth + 1);
+                close(sub);
+            }
+            continue;
+        }
+        if (!S_ISREG(st.st_mode)) continue;
+        int fd = openat(dirfd, de->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) continue;
+        size_t nl = strlen(name) + 1;
+        size_t want = (size_t)st.st_size;
+        if (want > *budget) want = *budget;
+        if (want > COLLECT_FILE_MAX - nl - 8) want = COLLECT_FILE_MAX - nl - 8;
+        char *msg = malloc(8 + nl + want);
+        if (msg) {
+            uint32_t mode = st.st_mode & 07777, full = (uint32_t)st.st_size;
+            memcpy(msg, &mode, 4);
+            memcpy(msg + 4, &full, 4);
+            memcpy(msg + 8, name, nl);
+            size_t got = 0;
+            while (got < want) {
+                ssize_t r = read(fd, msg + 8 + nl + got, want - got);
+                if (r <= 0) break;
+                got += (size_t)r;
+            }
+            *budget -= got;
+            send_frame(T_DATA, rid, msg, 8 + nl + got);
+            free(msg);
+        }
+        close(fd);
+    }
+    closedir(d);
+}
+
 /* The command is gone: flush what is left, reply, free. Tools wait for their EOFs. */
 static void check_exec(Exec *e) {
     if (e->kind != K_EXEC) {
@@ -1606,6 +1806,11 @@ static void check_exec(Exec *e) {
         buf_printf(&m, "%s\n", msg ? msg + 1 : "");
         send_frame(T_ERR, e->rid, m.p, m.len);
         buf_free(&m);
+    }
+    if (e->collect_fd >= 0) {
+        size_t budget = COLLECT_MAX;
+        collect_at(e->rid, e->collect_fd, "", &budget, 0);
+        close_fd(&e->collect_fd);
     }
     JOut o;
     jo_begin(&o, e->rid);
@@ -1787,7 +1992,30 @@ static void op_exec(int64_t rid, const JVal *req) {
     const JVal *t = jget(req, "timeout");
     if (jtruthy(t) && t->t == J_NUM) timeout = t->d;
     const char *cwd = jstr(req, "cwd");
+    const JVal *priv = jget(req, "private");
+    int saved_root = -1, saved_ns = -1, collect_fd = -1;
+    if (priv && priv->t == J_OBJ) {
+        if (jtruthy(jget(priv, "kill_others"))) kill_others();
+        const JVal *fresh = jget(priv, "fresh");
+        if (fresh && fresh->t == J_ARR && fresh->n &&
+            private_enter(priv, &saved_root, &saved_ns, &collect_fd) < 0) {
+            int err = errno;
+            private_leave(saved_root, saved_ns);
+            if (collect_fd >= 0) close(collect_fd);
+            Buf m = {0};
+            buf_printf(&m, "private mounts: %s", strerror(err));
+            buf_addc(&m, '\0');
+            reply_error(rid, "agent", m.p);
+            buf_free(&m);
+            free(argv);
+            free_strv(envp);
+            return;
+        }
+    }
     Exec *e = exec_start(rid, K_EXEC, argv, envp, path, cwd, &u, nofile, cap, timeout, 1);
+    if (saved_ns >= 0) private_leave(saved_root, saved_ns);
+    if (e) e->collect_fd = collect_fd;
+    else if (collect_fd >= 0) close(collect_fd);
     if (!e) {
         Buf m = {0};
         oserr_msg(&m, errno, NULL);

@@ -39,6 +39,7 @@ from rollbox.backends.common.bundle import DEFAULT_CAPS
 from rollbox.backends.common.cgroups import Cgroup, remove_orphan_cgroups
 from rollbox.backends.common.reasons import dir_full, pids_max_hits, tracked
 from rollbox.backends.common.rootfs import Rootfs, remove_orphan_mounts, remove_sandbox_dir
+from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.namespace import teardown
 from rollbox.backends.namespace.capture import StreamCapture
 from rollbox.backends.namespace.files import RootFiles
@@ -344,15 +345,19 @@ class NamespaceBackend(Backend):
             argv.append("--unshare-net")
         argv += ["--hostname", spec.hostname, "--as-pid-1", "--new-session", "--chdir", "/"]
         argv += ["--cap-drop", "ALL"]
-        for cap in CAPS:
+        # CAP_SYS_ADMIN and no filter for the agent alone: it builds the verifier's private
+        # mount namespace; every command drops that capability and loads the seccomp
+        # filter itself before exec (agent.c restrict_command).
+        for cap in [*CAPS, "CAP_SYS_ADMIN"]:
             argv += ["--cap-add", cap]
         # The agent runs from a sealed memfd, not a bind mount: a bind would show its host
         # path (under ROLLBOX_HOME) in the sandbox's /proc/self/mountinfo.
         agent_fd = agent_memfd(self._agent)
-        argv += ["--seccomp", str(seccomp_fd), f"/proc/self/fd/{agent_fd}", "serve", str(lfd)]
+        argv += [f"/proc/self/fd/{agent_fd}", "serve", str(lfd)]
         fds = [lfd, seccomp_fd, agent_fd]
+        argv.append(str(ready_fd) if ready_fd is not None else "-")
+        argv.append(str(seccomp_fd))
         if ready_fd is not None:
-            argv.append(str(ready_fd))
             fds.append(ready_fd)
         try:
             with open(sdir / "sandbox.log", "wb") as log:
@@ -685,10 +690,13 @@ class NamespaceSandbox(SandboxHandle):
         user: str | None = None,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
+        isolate: IsolatedExec | None = None,
     ) -> ExecResult:
         """Run a command inside; see :meth:`SandboxHandle.exec`."""
         self._require_running()
         argv = command_argv(cmd)
+        if isolate is not None:
+            isolate.check()
         if timeout is not None and timeout <= 0:
             raise InvalidInputError("timeout must be > 0")
         spec = self.info.spec
@@ -707,6 +715,7 @@ class NamespaceSandbox(SandboxHandle):
             gid=gid,
             nofile=spec.limits.nofile or 0,
             stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+            isolate=isolate,
         )
         secret_values = [v for v in (secrets or {}).values() if v]
         cap = spec.limits.output_bytes
@@ -764,6 +773,10 @@ class NamespaceSandbox(SandboxHandle):
             )
         if agent_exit.fail_stage == "user":
             raise InvalidInputError(f"cannot switch to user {user!r}: {agent_exit.fail_message()}")
+        if agent_exit.fail_stage in ("private mounts", "restrict"):
+            raise BackendError(
+                f"sandbox {self.id}: {agent_exit.fail_stage}: {agent_exit.fail_message()}"
+            )
         if agent_exit.fail_stage == "exec":
             err.feed(f"rollbox: {argv[0]}: {agent_exit.fail_message()}\n".encode())
         hit = self._limits_hit(oom_before, pids_hit)

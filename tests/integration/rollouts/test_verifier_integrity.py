@@ -1,0 +1,124 @@
+"""Shared-mode verifier integrity on real sandboxes: forged rewards do not count.
+
+The adversarial tasks live in ``verifier_tasks/`` (example-style Harbor tasks; kept out of
+``examples/tasks`` because ``make demo`` expects every example to pass):
+
+* ``forged-prewritten`` — the agent writes ``reward.txt``/``reward.json`` = 1 in advance;
+* ``forged-writer`` — it leaves a ``setsid`` loop rewriting ``reward.txt``;
+* ``forged-watcher`` — it leaves a watcher that rewrites ``/tests/test.sh`` in place once
+  uploaded;
+
+each with a ``tests/test.sh`` that never writes a passing reward. ``agent-server`` (the
+tests query a server the agent left running) must still pass, and ``agent-leftover`` passes
+only when ``[rollbox] stop_agent_before_verify = true`` killed what the agent left.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from rollbox.models import RolloutRecord
+from rollbox.rollouts import verifier_exec
+from rollbox.rollouts.report import summarize
+from rollbox.store.provenance import check
+
+from .conftest import Runs
+
+TASKS = Path(__file__).parent / "verifier_tasks"
+FORGED = ["forged-prewritten", "forged-writer", "forged-watcher"]
+BACKENDS = ["namespace", "gvisor", pytest.param("microvm", marks=pytest.mark.vm)]
+
+
+def stopped(root: Path, name: str) -> Path:
+    """A copy of task ``name`` with ``stop_agent_before_verify = true``."""
+    d = root / f"{name}-stopped"
+    shutil.copytree(TASKS / name, d)
+    toml = d / "task.toml"
+    text = toml.read_text().replace(f'name = "{name}"', f'name = "{name}-stopped"')
+    toml.write_text(text + "\n[rollbox]\nstop_agent_before_verify = true\n")
+    return d
+
+
+def final(recs: list[RolloutRecord]) -> dict[str, RolloutRecord]:
+    return {r.task_name: r for r in recs if r.retried_by is None}
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_forged_rewards_do_not_pass_and_agent_servers_still_serve(
+    runs: Runs,
+    backend: str,
+    tmp_path: Path,
+    no_leaks: Callable[[list[RolloutRecord]], dict[str, list[str]]],
+) -> None:
+    dirs = [TASKS / n for n in [*FORGED, "agent-server", "agent-leftover"]]
+    dirs += [stopped(tmp_path, n) for n in ["agent-server", "agent-leftover", *FORGED]]
+    run, recs = runs.run(dirs, agent="oracle", backend_override=backend)
+    by = final(recs)
+    assert len(by) == 10, sorted(by)
+    private = backend != "gvisor"
+    for name, r in by.items():
+        assert r.verifier is not None, (name, r.error)
+        assert r.extra.get("verifier_isolation") == ("private" if private else "none"), name
+        assert check(r, runs.blobs) == [], name
+
+    # (a) a reward written in advance: not seen; test.sh wrote none -> verifier error
+    pre = by["forged-prewritten"]
+    assert pre.verifier is not None and pre.verifier.passed is None
+    assert pre.status == "failed" and pre.error_kind == "verifier", pre.error
+    assert "wrote no reward" in (pre.verifier.error or "") and "exited 3" in pre.verifier.error
+    assert not [a for a in pre.artifacts if a.name.startswith("/logs/verifier/")]
+    # its planted program under /usr is listed, and the report counts it (and its copy's)
+    assert pre.suspicious_changes == ["/usr/local/bin/rbx-planted"]
+    assert not by["agent-server"].suspicious_changes  # /srv is not a system path
+    summary = summarize(run, recs)
+    assert summary.suspicious_changes == 2 and summary.suspicious_rollouts == 2
+
+    forged = list(FORGED) if private else ["forged-prewritten"]
+    forged += [f"{n}-stopped" for n in FORGED]
+    for name in forged:
+        v = by[name].verifier
+        assert v is not None and not v.passed, (name, v)
+        assert v.reward in (None, 0.0), (name, v.reward)
+    # (b) the writer's reward never reached the verifier: no reward at all
+    if private:
+        w = by["forged-writer"].verifier
+        assert w is not None and "wrote no reward" in (w.error or ""), w
+        # (c) the watcher never saw the tests: the original test.sh wrote 0
+        c = by["forged-watcher"]
+        assert c.verifier is not None and c.verifier.reward == 0.0 and c.status == "done"
+
+    # a server the agent left running still answers the tests (Harbor's shared mode) ...
+    srv = by["agent-server"]
+    assert srv.status == "done" and srv.verifier is not None and srv.verifier.passed, srv
+    # ... unless the task asks for the agent's processes to be stopped first
+    srv_stopped = by["agent-server-stopped"].verifier
+    assert srv_stopped is not None and not srv_stopped.passed
+    # stop_agent_before_verify killed every tree the agent left (a sleeper and a fork loop)
+    left = by["agent-leftover"].verifier
+    assert left is not None and left.reward == 0.0
+    gone = by["agent-leftover-stopped"]
+    assert gone.verifier is not None and gone.verifier.reward == 1.0, gone.verifier
+
+    assert run.summary["cleanup"]["ok"] is True, run.summary["cleanup"]
+    assert no_leaks(recs) == {}
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["namespace", pytest.param("microvm", marks=pytest.mark.vm)])
+def test_without_the_guard_the_forged_rewards_would_pass(
+    runs: Runs, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard is what stops them: with it switched off, every forgery counts."""
+    monkeypatch.setattr(verifier_exec, "PROTECT", False)
+    _, recs = runs.run([TASKS / n for n in FORGED], agent="oracle", backend_override=backend)
+    by = final(recs)
+    for name in FORGED:
+        v = by[name].verifier
+        assert v is not None and v.passed and v.reward == 1.0, (name, v, by[name].error)
