@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from rollbox.backends.base import Backend, OutputCallback, SandboxHandle
+from rollbox.backends.common.copylinks import LinkPolicy
 from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.registry import get_backend
 from rollbox.config import Home
@@ -142,9 +143,10 @@ class AsyncFiles:
         """Copy a host file or directory into the sandbox."""
         await self._h.upload(Path(src), dest)
 
-    async def download(self, src: str, dest: Path | str) -> None:
-        """Copy a file or directory out of the sandbox to the host."""
-        await self._h.download(src, Path(dest))
+    async def download(self, src: str, dest: Path | str, *, links: LinkPolicy = "refuse") -> None:
+        """Copy a file or directory out of the sandbox to the host; ``links``: what a tree
+        download does with a link pointing out of the tree (``refuse`` or ``content``)."""
+        await self._h.download(src, Path(dest), links=links)
 
 
 class AsyncSandbox:
@@ -421,9 +423,9 @@ class Files:
         """Copy a host file or directory into the sandbox."""
         _Loop.run(self._f.upload(src, dest))
 
-    def download(self, src: str, dest: Path | str) -> None:
+    def download(self, src: str, dest: Path | str, *, links: LinkPolicy = "refuse") -> None:
         """Copy a file or directory out of the sandbox."""
-        _Loop.run(self._f.download(src, dest))
+        _Loop.run(self._f.download(src, dest, links=links))
 
 
 class Sandbox:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
+from rollbox.backends.common.copylinks import LinkPolicy
 from rollbox.backends.isolation import IsolatedExec
 from rollbox.config import Home
 from rollbox.models import BaselineInfo, Capabilities, ExecResult, SandboxInfo, SandboxSpec
@@ -128,13 +129,22 @@ class SandboxHandle(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def download(self, src: str, dest: Path) -> None:
+    async def download(self, src: str, dest: Path, *, links: LinkPolicy = "refuse") -> None:
         """Copy a file or directory tree from inside the sandbox to the host path ``dest``.
 
-        Symlinks inside the tree are copied as symlinks, never followed out of the root.
+        The contract of :mod:`rollbox.backends.common.copylinks`: ``src`` resolves with
+        chroot semantics (a link to a file inside is followed inside); in a tree, links
+        into the tree stay links (written relative, so no host link ever points out of
+        ``dest``) and links out of it are refused or replaced by their content.
+
+        Args:
+            src: Path inside the sandbox.
+            dest: Host path.
+            links: ``"refuse"`` or ``"content"``: links pointing out of a copied tree.
 
         Raises:
-            PathEscapeError: ``src`` resolves outside the sandbox root.
+            PathEscapeError: ``src`` climbs above ``/``, or a link points out of the
+                copied tree with ``links="refuse"``.
         """
 
     @abc.abstractmethod

@@ -217,19 +217,35 @@ def _split(arg: str) -> tuple[str | None, str]:
 def cp_cmd(
     src: str = typer.Argument(..., help="Host path or ID:/path."),
     dest: str = typer.Argument(..., help="Host path or ID:/path."),
+    links: str | None = typer.Option(
+        None,
+        "--links",
+        help="Downloads of a tree: a symlink pointing out of the tree is 'refuse'd "
+        "(default) or replaced by its 'content'. Links into the tree stay links.",
+    ),
     json_: bool = JSON_OPTION,
 ) -> None:
-    """Copy files or trees between the host and a sandbox (`ID:/path` on one side)."""
+    """Copy files or trees between the host and a sandbox (`ID:/path` on one side).
+
+    Paths inside resolve as if chrooted in the sandbox: a link to a file inside is
+    followed there, never to a host path."""
+    from rollbox.backends.common.copylinks import LINK_POLICIES, LinkPolicy
+
     home = Home.from_env()
     s_id, s_path = _split(src)
     d_id, d_path = _split(dest)
     if (s_id is None) == (d_id is None):
         raise InvalidInputError("exactly one of SRC and DEST must be ID:/path")
+    if links is not None and links not in LINK_POLICIES:
+        raise InvalidInputError(f"--links must be one of {', '.join(LINK_POLICIES)}, not {links!r}")
+    if links is not None and s_id is None:
+        raise InvalidInputError("--links applies to downloads (SRC is ID:/path)")
+    policy: LinkPolicy = "content" if links == "content" else "refuse"
 
     async def go() -> None:
         if s_id is not None:
             h = await _attach(home, s_id)
-            await h.download(s_path, Path(d_path))
+            await h.download(s_path, Path(d_path), links=policy)
         else:
             assert d_id is not None
             h = await _attach(home, d_id)

@@ -64,17 +64,20 @@ def test_read_inside_and_relative_symlink(root: Path) -> None:
 
 
 @pytest.mark.parametrize("path", ["/abs", "/rel_out", "/etc/up/outside", "/etc/up/etc/passwd"])
-def test_read_refuses_escaping_symlinks(root: Path, path: str) -> None:
-    with pytest.raises(PathEscapeError):
+def test_read_resolves_symlinks_in_the_root(root: Path, path: str) -> None:
+    """Chroot semantics: absolute and ``../..`` links land inside the root, never on the
+    host (the host's /etc/passwd and ../outside exist; the root's do not)."""
+    with pytest.raises(NotFoundError):
         RootFiles(root).read(path)
+    assert RootFiles(root).read("/etc/up/etc/hostname") == b"box"
 
 
-def test_write_refuses_escape_and_writes_nothing_outside(root: Path, tmp_path: Path) -> None:
+def test_write_stays_in_the_root(root: Path, tmp_path: Path) -> None:
     f = RootFiles(root)
-    with pytest.raises(PathEscapeError):
-        f.write("/etc/up/evil", b"x")
-    with pytest.raises(PathEscapeError):
-        f.write("/rel_out", b"x")
+    f.write("/etc/up/evil", b"x")  # clamped: the root's /evil
+    assert (root / "evil").read_bytes() == b"x"
+    f.write("/rel_out", b"y")  # a link at the path itself is replaced, not followed
+    assert not (root / "rel_out").is_symlink() and (root / "rel_out").read_bytes() == b"y"
     assert not (tmp_path / "evil").exists()
     assert (tmp_path / "outside").read_text() == "host secret"
 
@@ -94,15 +97,19 @@ def test_fifo_and_missing(root: Path) -> None:
         f.read("/nope")
 
 
-def test_upload_download_tree_keeps_links(root: Path, tmp_path: Path) -> None:
+def test_upload_download_tree_links(root: Path, tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)
     (src / "sub" / "f").write_text("1")
     os.symlink("/etc/shadow", src / "link")
+    os.symlink("/up/sub/f", src / "in_abs")
     f = RootFiles(root)
     f.upload(src, "/up")
     assert os.readlink(root / "up" / "link") == "/etc/shadow"
+    with pytest.raises(PathEscapeError, match="/up/link"):
+        f.download("/up", tmp_path / "refused")  # a link out of the tree
     out = tmp_path / "out"
-    f.download("/up", out)
+    f.download("/up", out, "content")
     assert (out / "sub" / "f").read_text() == "1"
-    assert os.readlink(out / "link") == "/etc/shadow"  # copied as a link, not followed
+    assert os.readlink(out / "in_abs") == "sub/f"  # in-tree: kept, made relative
+    assert not (out / "link").exists() and not (out / "link").is_symlink()  # dangling inside

@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import math
 import os
+import posixpath
 import shutil
 import socket
 import subprocess
@@ -29,6 +30,7 @@ from typing import Any, ClassVar
 
 from rollbox.backends.agent.protocol import decode_collected
 from rollbox.backends.base import Backend, OutputCallback, SandboxHandle, command_argv
+from rollbox.backends.common.copylinks import LinkPolicy, in_tree_text, resolve_lexically
 from rollbox.backends.common.reasons import is_full, tracked
 from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.microvm import disk, memfile, probe, qemu
@@ -509,8 +511,15 @@ class MicroVMSandbox(SandboxHandle):
             f.seek(0)
             await self._push({"op": "put_tar", "dest": p}, f.read(), p)
 
-    async def download(self, src: str, dest: Path) -> None:
-        p = normalize(src)
+    async def download(self, src: str, dest: Path, *, links: LinkPolicy = "refuse") -> None:
+        """Copy a file or tree out; the contract of :mod:`~rollbox.backends.common.copylinks`
+        (the guest resolves paths with chroot semantics; the host rewrites or refuses links
+        in the extracted tree before anything reaches ``dest``)."""
+        await self._download(normalize(src), dest, links, 0)
+
+    async def _download(self, p: str, dest: Path, links: LinkPolicy, depth: int) -> None:
+        if depth > 40:  # as the kernel's ELOOP: links (content mode) leading round
+            raise PathEscapeError(f"{p}: too many levels of symlinks in the sandbox")
         self._usable()
         self.home.tmp.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=self.home.tmp) as f:
@@ -522,15 +531,50 @@ class MicroVMSandbox(SandboxHandle):
                 if len(entries) != 1:
                     raise BackendError(f"download of {p}: unexpected archive from the guest")
                 item = Path(stage) / entries[0]
+                if item.is_symlink():  # src itself is a link: follow it inside the sandbox
+                    pointed = resolve_lexically(p, os.readlink(item))
+                    await self._download(pointed, dest, links, depth + 1)
+                    return
+                if item.is_dir():
+                    await self._fix_links(item, p, p, links, depth)
                 if dest.is_dir() and not dest.is_symlink() and item.is_dir():
                     dest = dest / item.name if dest.exists() and any(dest.iterdir()) else dest
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                if item.is_dir() and not item.is_symlink():
+                if item.is_dir():
                     shutil.copytree(item, dest, symlinks=True, dirs_exist_ok=True)
                 else:
                     if dest.is_dir() and not dest.is_symlink():
                         dest = dest / item.name
+                    if dest.is_symlink():  # never write through a host link
+                        dest.unlink()
                     os.replace(item, dest) if not dest.exists() else shutil.move(item, dest)
+
+    async def _fix_links(
+        self, stage: Path, where: str, top: str, links: LinkPolicy, depth: int
+    ) -> None:
+        """Links in an extracted tree: in-tree ones rewritten relative, others refused or
+        replaced by what they point to (fetched from the guest)."""
+        for entry in sorted(os.scandir(stage), key=lambda e: e.name):
+            sub = posixpath.join(where, entry.name)
+            if entry.is_symlink():
+                text = os.readlink(entry.path)
+                os.unlink(entry.path)
+                rel_text = in_tree_text(sub, text, top)
+                if rel_text is not None:
+                    os.symlink(rel_text, entry.path)
+                elif links == "refuse":
+                    raise PathEscapeError(
+                        f"{sub} in the sandbox is a link out of the copied tree (-> {text})",
+                        hint="copy it with links='content' (CLI: --links content) to get "
+                        "what it points to",
+                    )
+                else:
+                    with contextlib.suppress(NotFoundError):  # a dangling link is left out
+                        await self._download(
+                            resolve_lexically(sub, text), Path(entry.path), links, depth + 1
+                        )
+            elif entry.is_dir(follow_symlinks=False):
+                await self._fix_links(Path(entry.path), sub, top, links, depth)
 
     # ------------------------------------------------------------------ snapshots
     async def snapshot(self, *, memory: bool = False, name: str | None = None) -> str:

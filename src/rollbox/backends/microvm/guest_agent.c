@@ -657,7 +657,8 @@ static void jo_error(JOut *o, const char *type, const char *msg) {
 
 /* ------------------------------------------------------------------ path safety */
 
-/* openat2(/, path, RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS); -1 with errno (EXDEV: escape). */
+/* openat2(/, path, RESOLVE_IN_ROOT|RESOLVE_NO_MAGICLINKS): chroot semantics, as the host
+ * gives the other backends (absolute links start at /, ".." stops there); -1 with errno. */
 static int open_beneath(const char *path, int flags) {
     const char *rel = path;
     while (*rel == '/') rel++;
@@ -665,7 +666,7 @@ static int open_beneath(const char *path, int flags) {
     struct open_how how;
     memset(&how, 0, sizeof how);
     how.flags = (uint64_t)(flags | O_CLOEXEC);
-    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+    how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
     int root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (root < 0) return -1;
     int fd = (int)syscall(SYS_openat2, root, rel, &how, sizeof how);

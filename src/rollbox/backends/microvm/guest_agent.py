@@ -87,7 +87,7 @@ class Escape(Exception):
 
 
 _SYS_OPENAT2 = 437
-_RESOLVE = 0x08 | 0x02  # RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS
+_RESOLVE = 0x10 | 0x02  # RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS (chroot semantics)
 _libc: Any = None
 
 
@@ -179,7 +179,12 @@ def _untar(spool: str, dest: str) -> None:
             parts = m.name.split("/")
             if m.name.startswith("/") or ".." in parts:
                 raise ValueError(f"unsafe member {m.name!r}")
-        tar.extractall(dest)
+        for m in tar.getmembers():
+            # a link at a file's path is replaced, not written through (as write_file)
+            target = os.path.join(dest, m.name)
+            if not m.isdir() and os.path.islink(target):
+                os.unlink(target)
+            tar.extract(m, dest)
 
 
 def _spool_path(name: str) -> str:

@@ -37,6 +37,7 @@ from rollbox.backends.agent.protocol import ExecRequest
 from rollbox.backends.base import Backend, OutputCallback, SandboxHandle, command_argv
 from rollbox.backends.common.bundle import DEFAULT_CAPS
 from rollbox.backends.common.cgroups import Cgroup, remove_orphan_cgroups
+from rollbox.backends.common.copylinks import LinkPolicy
 from rollbox.backends.common.reasons import dir_full, pids_max_hits, tracked
 from rollbox.backends.common.rootfs import Rootfs, remove_orphan_mounts, remove_sandbox_dir
 from rollbox.backends.isolation import IsolatedExec
@@ -829,10 +830,10 @@ class NamespaceSandbox(SandboxHandle):
         self._require_live()
         await asyncio.to_thread(self.files.upload, src, dest)
 
-    async def download(self, src: str, dest: Path) -> None:
-        """Copy a file or tree out of the sandbox."""
+    async def download(self, src: str, dest: Path, *, links: LinkPolicy = "refuse") -> None:
+        """Copy a file or tree out of the sandbox; see :meth:`SandboxHandle.download`."""
         self._require_live()
-        await asyncio.to_thread(self.files.download, src, dest)
+        await asyncio.to_thread(self.files.download, src, dest, links)
 
     # ------------------------------------------------------------------ snapshot / fork
 

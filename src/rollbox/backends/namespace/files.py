@@ -1,15 +1,17 @@
 """File access to a sandbox's root from the host without ever leaving that root.
 
 Every sandbox path is normalised lexically (a ``..`` above ``/`` is refused), then opened
-with ``openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`` relative to a descriptor of the
-root: the kernel refuses (``EXDEV``) any resolution that would leave the root, including
-through absolute symlinks or symlinks with too many ``..``. Only regular files, directories
-and symlinks (copied as links, never followed out) are read or written, so a device node
-or FIFO made inside cannot make the host read a host device or block.
+with ``openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`` relative to a descriptor of the
+root: the kernel resolves it as if chrooted there (an absolute symlink starts at the
+sandbox's root, ``..`` stops at it), so nothing resolves to a host path — the contract of
+:mod:`rollbox.backends.common.copylinks`, the same as inside a gVisor or microVM sandbox.
+Only regular files, directories and symlinks are read or written, so a device node or FIFO
+made inside cannot make the host read a host device or block.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -19,12 +21,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from rollbox.backends.common.copylinks import LinkPolicy, in_tree_text, resolve_lexically
 from rollbox.errors import InvalidInputError, NotFoundError, PathEscapeError
 
 SYS_OPENAT2 = 437  # x86_64 and aarch64
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_BENEATH = 0x08
-_RESOLVE = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS
+RESOLVE_IN_ROOT = 0x10
+_RESOLVE = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -104,7 +108,11 @@ class RootFiles:
             os.close(fd)
 
     def _open_dir(self, rootfd: int, rel: str, path: str, create: bool) -> int:
-        """An ``O_PATH`` descriptor of directory ``rel`` (made, parents first, if ``create``)."""
+        """An ``O_PATH`` descriptor of directory ``rel`` (made, parents first, if ``create``).
+
+        Every lookup starts at the root's descriptor: with ``RESOLVE_IN_ROOT`` the
+        descriptor is the root a symlink's absolute target and ``..`` are resolved against.
+        """
         if not rel:
             return os.dup(rootfd)
         try:
@@ -112,25 +120,28 @@ class RootFiles:
         except OSError as exc:
             if not (create and exc.errno == errno.ENOENT):
                 raise _translate(exc, path) from None
-        fd = os.dup(rootfd)
+        parts = rel.split("/")
+        for i, comp in enumerate(parts):
+            prefix = "/".join(parts[: i + 1])
+            try:
+                os.close(openat2(rootfd, prefix, os.O_PATH | os.O_DIRECTORY))
+                continue
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise _translate(exc, path) from None
+            parent = self._open_dir(rootfd, "/".join(parts[:i]), path, create=False)
+            try:
+                os.mkdir(comp, 0o755, dir_fd=parent)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise _translate(exc, path) from None
+            finally:
+                os.close(parent)
         try:
-            for comp in rel.split("/"):
-                try:
-                    os.mkdir(comp, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
-                except OSError as exc:
-                    raise _translate(exc, path) from None
-                try:
-                    nfd = openat2(fd, comp, os.O_PATH | os.O_DIRECTORY)
-                except OSError as exc:
-                    raise _translate(exc, path) from None
-                os.close(fd)
-                fd = nfd
-            return fd
-        except BaseException:
-            os.close(fd)
-            raise
+            return openat2(rootfd, rel, os.O_PATH | os.O_DIRECTORY)
+        except OSError as exc:
+            raise _translate(exc, path) from None
 
     def read(self, path: str) -> bytes:
         """Contents of the regular file ``path``."""
@@ -158,19 +169,26 @@ class RootFiles:
         rel = normalize(path)
         if not rel:
             raise InvalidInputError("cannot write to the sandbox root directory itself")
-        parent, name = posixpath.split(rel)
         with self._root_fd() as rootfd:
-            pfd = self._open_dir(rootfd, parent, path, create=True)
-            try:
-                self._write_at(pfd, name, data, mode, path)
-            finally:
-                os.close(pfd)
+            os.close(self._open_dir(rootfd, posixpath.dirname(rel), path, create=True))
+            self._write_at(rootfd, rel, data, mode, path)
 
-    def _write_at(self, dirfd: int, name: str, data: bytes, mode: int, path: str) -> None:
+    def _write_at(self, rootfd: int, rel: str, data: bytes, mode: int, path: str) -> None:
+        """Write the file at ``rel``: its directory resolves with chroot semantics; a
+        symlink at ``rel`` itself is replaced, not written through (as the microVM guest's
+        write-and-rename does)."""
+        parent, name = posixpath.split(rel)
+        pfd = self._open_dir(rootfd, parent, path, create=False)
         try:
-            fd = openat2(dirfd, name, os.O_WRONLY | os.O_CREAT | os.O_NOCTTY | os.O_NONBLOCK, mode)
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISLNK(os.stat(name, dir_fd=pfd, follow_symlinks=False).st_mode):
+                    os.unlink(name, dir_fd=pfd)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOCTTY | os.O_NONBLOCK | os.O_NOFOLLOW
+            fd = openat2(pfd, name, flags, mode)
         except OSError as exc:
             raise _translate(exc, path) from None
+        finally:
+            os.close(pfd)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise InvalidInputError(f"{path} is not a regular file in the sandbox")
@@ -186,7 +204,8 @@ class RootFiles:
             os.close(fd)
 
     def upload(self, src: Path, dest: str) -> None:
-        """Copy the host file or tree ``src`` to ``dest`` (symlinks are copied as links)."""
+        """Copy the host file or tree ``src`` to ``dest`` (symlinks are copied as links;
+        links already inside resolve with chroot semantics, never to a host path)."""
         if not src.exists() and not src.is_symlink():
             raise NotFoundError(f"no such host path: {src}")
         if not src.is_dir() or src.is_symlink():
@@ -196,35 +215,43 @@ class RootFiles:
             return
         rel = normalize(dest)
         with self._root_fd() as rootfd:
-            top = self._open_dir(rootfd, rel, dest, create=True)
-            try:
-                self._upload_tree(src, top, dest)
-            finally:
-                os.close(top)
+            os.close(self._open_dir(rootfd, rel, dest, create=True))
+            self._upload_tree(rootfd, src, rel, dest)
 
-    def _upload_tree(self, src: Path, dirfd: int, dest: str) -> None:
-        for entry in os.scandir(src):
-            where = posixpath.join(dest, entry.name)
-            if entry.is_symlink():
-                try:
-                    os.unlink(entry.name, dir_fd=dirfd)
-                except FileNotFoundError:
-                    pass
-                except OSError as exc:
-                    raise _translate(exc, where) from None
-                os.symlink(os.readlink(entry.path), entry.name, dir_fd=dirfd)
-            elif entry.is_dir():
-                sub = self._open_dir(dirfd, entry.name, where, create=True)
-                try:
-                    self._upload_tree(Path(entry.path), sub, where)
-                finally:
-                    os.close(sub)
-            elif entry.is_file():
-                data = Path(entry.path).read_bytes()
-                self._write_at(dirfd, entry.name, data, entry.stat().st_mode & 0o7777, where)
+    def _upload_tree(self, rootfd: int, src: Path, rel: str, dest: str) -> None:
+        dirfd = self._open_dir(rootfd, rel, dest, create=False)
+        try:
+            for entry in os.scandir(src):
+                where = posixpath.join(dest, entry.name)
+                sub = posixpath.join(rel, entry.name) if rel else entry.name
+                if entry.is_symlink():
+                    try:
+                        os.unlink(entry.name, dir_fd=dirfd)
+                    except FileNotFoundError:
+                        pass
+                    except OSError as exc:
+                        raise _translate(exc, where) from None
+                    os.symlink(os.readlink(entry.path), entry.name, dir_fd=dirfd)
+                elif entry.is_dir():
+                    os.close(self._open_dir(rootfd, sub, where, create=True))
+                    self._upload_tree(rootfd, Path(entry.path), sub, where)
+                elif entry.is_file():
+                    data = Path(entry.path).read_bytes()
+                    self._write_at(rootfd, sub, data, entry.stat().st_mode & 0o7777, where)
+        finally:
+            os.close(dirfd)
 
-    def download(self, src: str, dest: Path) -> None:
-        """Copy the file or tree ``src`` to the host path ``dest`` (links stay links)."""
+    def download(self, src: str, dest: Path, links: LinkPolicy = "refuse") -> None:
+        """Copy the file or tree ``src`` to the host path ``dest``.
+
+        ``src`` itself resolves with chroot semantics (a link to a file is followed inside
+        the sandbox). In a tree, links to places inside the tree stay links (written
+        relative); links out of it are refused or, with ``links="content"``, replaced by
+        what they point to.
+
+        Raises:
+            PathEscapeError: a link in the tree points out of it (``links="refuse"``).
+        """
         rel = normalize(src)
         with self._root_fd() as rootfd:
             try:
@@ -235,9 +262,10 @@ class RootFiles:
                 st = os.fstat(fd)
                 if stat.S_ISDIR(st.st_mode):
                     dest.mkdir(parents=True, exist_ok=True)
-                    self._download_tree(fd, dest, src)
+                    self._download_tree(rootfd, fd, dest, "/" + rel, "/" + rel, links, set())
                 elif stat.S_ISREG(st.st_mode):
                     dest.parent.mkdir(parents=True, exist_ok=True)
+                    _replace_link(dest)
                     self._copy_file_out(fd, "", dest, st.st_mode, src)
                 else:
                     raise InvalidInputError(f"{src} is not a regular file or directory")
@@ -264,7 +292,20 @@ class RootFiles:
         finally:
             os.close(fd)
 
-    def _download_tree(self, dirfd: int, dest: Path, where: str) -> None:
+    def _download_tree(
+        self,
+        rootfd: int,
+        dirfd: int,
+        dest: Path,
+        where: str,
+        top: str,
+        links: LinkPolicy,
+        seen: set[tuple[int, int]],
+    ) -> None:
+        st = os.fstat(dirfd)
+        if (st.st_dev, st.st_ino) in seen:  # a link (content mode) led back up the tree
+            raise PathEscapeError(f"{where} in the sandbox loops back into the copied tree")
+        seen = seen | {(st.st_dev, st.st_ino)}
         rfd = openat2(dirfd, ".", os.O_RDONLY | os.O_DIRECTORY)
         try:
             names = os.listdir(rfd)
@@ -275,15 +316,60 @@ class RootFiles:
             target = dest / name
             sub_where = posixpath.join(where, name)
             if stat.S_ISLNK(st.st_mode):
-                if target.is_symlink() or target.exists():
-                    target.unlink()
-                os.symlink(os.readlink(name, dir_fd=dirfd), target)
+                text = os.readlink(name, dir_fd=dirfd)
+                rel_text = in_tree_text(sub_where, text, top)
+                _replace_link(target)
+                if rel_text is not None:
+                    os.symlink(rel_text, target)
+                    continue
+                pointed = resolve_lexically(sub_where, text)
+                if links == "refuse":
+                    raise PathEscapeError(
+                        f"{sub_where} in the sandbox is a link out of the copied tree (-> {text})",
+                        hint="copy it with links='content' (CLI: --links content) to get "
+                        "what it points to",
+                    )
+                self._link_content(rootfd, pointed, target, top, links, seen)
             elif stat.S_ISDIR(st.st_mode):
                 target.mkdir(exist_ok=True)
                 sub = openat2(dirfd, name, os.O_PATH | os.O_DIRECTORY)
                 try:
-                    self._download_tree(sub, target, sub_where)
+                    self._download_tree(rootfd, sub, target, sub_where, top, links, seen)
                 finally:
                     os.close(sub)
             elif stat.S_ISREG(st.st_mode):
+                _replace_link(target)
                 self._copy_file_out(dirfd, name, target, st.st_mode, sub_where)
+
+    def _link_content(
+        self,
+        rootfd: int,
+        pointed: str,
+        target: Path,
+        top: str,
+        links: LinkPolicy,
+        seen: set[tuple[int, int]],
+    ) -> None:
+        """Copy what a link out of the tree points to (chroot semantics) to ``target``;
+        a dangling link is left out."""
+        try:
+            fd = openat2(rootfd, pointed.lstrip("/") or ".", os.O_PATH)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                return
+            raise _translate(exc, pointed) from None
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                target.mkdir(exist_ok=True)
+                self._download_tree(rootfd, fd, target, pointed, pointed, links, seen)
+            elif stat.S_ISREG(st.st_mode):
+                self._copy_file_out(fd, "", target, st.st_mode, pointed)
+        finally:
+            os.close(fd)
+
+
+def _replace_link(path: Path) -> None:
+    """Remove a host symlink at ``path`` before writing there (never write through it)."""
+    if path.is_symlink():
+        path.unlink()
