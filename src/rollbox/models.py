@@ -730,6 +730,8 @@ class PlatformSummary(RecordModel):
     """Host state before/after the run matched (None when not checked)."""
     cleanup_leftovers: list[str] = []
     """What the cleanup check found left over."""
+    limits_reached: dict[str, int] = {}
+    """Final rollouts that reached each sandbox limit, e.g. ``{"oom_killed": 2}``."""
 
 
 class RunSummary(RecordModel):

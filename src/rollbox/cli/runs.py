@@ -143,6 +143,10 @@ def _show(rec: RolloutRecord, blobs: BlobStore, logs: bool) -> None:
         ("attempt", f"{rec.attempt}  group {rec.group_id or '-'}  seed {rec.seed}"),
         ("agent", f"{rec.agent}  {json.dumps(rec.agent_config) if rec.agent_config else ''}"),
         ("status", rec.status + (f"  ({rec.error_kind}) {rec.error}" if rec.error else "")),
+        (
+            "reasons",
+            "  ".join(f"{r} ({rec.reason_phases.get(r, '?')})" for r in rec.reasons) or "-",
+        ),
         ("reward", "-" if v is None else f"{v.reward}  passed={v.passed}  {v.error or ''}"),
         ("exit codes", " ".join(f"{k}={c}" for k, c in rec.exit_codes.items()) or "-"),
         (

@@ -19,6 +19,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from rollbox.backends.common.reasons import REASONS
 from rollbox.models import (
     Phase,
     PlatformSummary,
@@ -148,6 +149,7 @@ def summarize(
         throughput_per_s=len(ends) / wall if wall and ends else None,
         cleanup_ok=None if cleanup is None else bool(cleanup.get("ok")),
         cleanup_leftovers=[str(x) for x in (cleanup or {}).get("leftovers", [])],
+        limits_reached={k: n for k in REASONS if (n := sum(k in r.reasons for r in final))},
     )
     all_rewards = [r.verifier.reward for r in final if r.verifier and r.verifier.reward is not None]
     return RunSummary(
@@ -215,6 +217,8 @@ def render(summary: RunSummary) -> Group:
     plat.add_row("completion rate", f"{p.completion_rate:.1%} ({p.completed}/{p.final_rollouts})")
     plat.add_row("infra error rate", f"{p.infra_error_rate:.1%} ({p.infra_errors})")
     plat.add_row("retries", str(p.retries))
+    reached = ", ".join(f"{k} {n}" for k, n in p.limits_reached.items())
+    plat.add_row("limits reached", reached or "-")
     plat.add_row("wall time", "-" if p.wall_s is None else f"{p.wall_s:.1f} s")
     plat.add_row("throughput", _num(p.throughput_per_s, "{:.1f} rollouts/s"))
     if p.cleanup_ok is None:

@@ -67,6 +67,7 @@ from rollbox.models import (
     VerifierOutcome,
     utcnow,
 )
+from rollbox.rollouts import blame
 from rollbox.rollouts.agents import INSTRUCTION_PATH, Agent, AgentContext, AgentOutcome
 from rollbox.rollouts.diff import diff_upper, signature, upper_dir_of
 from rollbox.rollouts.tasks import Task, task_tar
@@ -349,18 +350,14 @@ class RolloutRunner:
             rec.status = f.status
             rec.error = f.message
             rec.error_kind = f.kind
-        except BackendError as exc:
-            rec.status = "infra_error"
-            rec.error = exc.one_line()
-            rec.error_kind = "infra"
-        except RollboxError as exc:  # e.g. a capability the task needs, a path outside
-            rec.status = "failed"
-            rec.error = exc.one_line()
-            rec.error_kind = "task"
-        except Exception as exc:  # a bug must not take the whole run down
-            rec.status = "failed"
-            rec.error = f"internal error: {type(exc).__name__}: {exc}"
-            rec.error_kind = "infra"
+        except Exception as exc:
+            # BackendError: infra (retried); another RollboxError (a capability the task
+            # needs, a path outside): the task's; anything else: an internal error that must
+            # not take the whole run down -- unless a sandbox limit the agent reached is
+            # behind it (see rollouts/blame.py).
+            phase = blame.current_phase(rec)
+            blame.note_handles(rec, (s.handle for s in sandboxes), phase)
+            rec.status, rec.error_kind, rec.error = blame.classify(rec, exc, phase)
         finally:
             rec.stamp("teardown")
             await asyncio.shield(self._teardown(rec, sandboxes))
@@ -442,7 +439,10 @@ class RolloutRunner:
             seed=plan.seed,
         )
         t0 = time.perf_counter()
-        outcome = await plan.agent.run(ctx)
+        try:  # the limits the agent reached count even when it raised
+            outcome = await plan.agent.run(ctx)
+        finally:  # (see rollouts/blame.py)
+            blame.note_handles(rec, [sbx.handle], blame.AGENT)
         timing.backend_s += time.perf_counter() - t0
         self._record_agent(rec, outcome)
 
@@ -478,13 +478,15 @@ class RolloutRunner:
         if top_layer is not None:
             rec.fs_diff = await asyncio.to_thread(diff_upper, top_layer, self.lowers(plan.baseline))
         await self._verify(rec, vsbx, task)
+        blame.note_handles(rec, (s.handle for s in sandboxes), blame.VERIFY)
 
         rec.stamp("collect")
         await self._collect(rec, vsbx, task)
         if rec.agent_timed_out or (rec.error_kind == "agent" and rec.error):
-            raise _Fail("failed", "agent", rec.error or "agent failed")
+            error = rec.error or "agent failed"
+            raise _Fail("failed", "agent", blame.agent_failure(rec, error))
         if rec.verifier is not None and rec.verifier.error:
-            raise _Fail("failed", "verifier", rec.verifier.error)
+            raise _Fail("failed", *blame.verifier_error(rec, rec.verifier.error))
 
     def _record_agent(self, rec: RolloutRecord, outcome: AgentOutcome) -> None:
         cap = rec.limits.output_bytes if rec.limits else 1 << 20

@@ -16,7 +16,7 @@ from typing import Any, Literal, TextIO
 
 from pydantic import ConfigDict, Field
 
-from rollbox.models import ErrorKind, RecordModel, RolloutRecord, RolloutStatus
+from rollbox.models import ErrorKind, LimitReason, RecordModel, RolloutRecord, RolloutStatus
 from rollbox.store.blobs import BlobStore
 from rollbox.store.metadata import MetaStore
 
@@ -98,6 +98,9 @@ class ExportLine(RecordModel):
     """Why it failed."""
     error_kind: ErrorKind | None
     """Whose fault the error is."""
+    reasons: list[LimitReason] = []
+    """Sandbox limits the rollout reached (``oom_killed``, ``pids_exhausted``, ``disk_full``,
+    ``ttl_expired``)."""
     reward: float | None
     """The scalar reward."""
     rewards: dict[str, float] | None
@@ -155,6 +158,7 @@ def rollout_line(
         status=rec.status,
         error=rec.error,
         error_kind=rec.error_kind,
+        reasons=list(rec.reasons),
         reward=v.reward if v else None,
         rewards=v.rewards if v else None,
         passed=v.passed if v else None,

@@ -120,3 +120,30 @@ def test_expired_error_is_one_line_with_the_ttl() -> None:
     err = expired_error(_info(2.5, 3.0))
     assert err.reason == "ttl_expired" and "\n" not in err.one_line()
     assert "TTL of 2.5 s" in err.one_line()
+
+
+class Sleeper(Fake):
+    @tracked
+    async def exec(self, cmd: str) -> ExecResult:
+        await asyncio.sleep(30)
+        raise AssertionError("not reached")
+
+
+def test_tracked_ends_a_command_at_the_ttl_when_the_reaper_is_late(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+
+    from rollbox.backends.common import reasons
+
+    monkeypatch.setattr(reasons, "TTL_GRACE_S", 0.2)
+    h = Sleeper(_info(30.0, 29.7), _result())  # 0.3 s left
+    t0 = time.monotonic()
+    with pytest.raises(SandboxExpiredError, match="TTL of 30 s"):
+        asyncio.run(h.exec("x"))
+    assert time.monotonic() - t0 < 5 and seen(h) == ["ttl_expired"]
+    # an exec's own timeout is not mistaken for the TTL
+    h = Fake(_info(30.0, 0.0), ExecTimeoutError("command timed out after 1s"))
+    with pytest.raises(ExecTimeoutError) as exc:
+        asyncio.run(h.exec("x"))
+    assert not isinstance(exc.value, SandboxExpiredError) and seen(h) == []

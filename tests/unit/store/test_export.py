@@ -21,7 +21,7 @@ FIELDS = {
     "schema", "run_id", "rollout_id", "task", "task_digest", "instruction", "attempt",
     "group_id", "agent", "seed", "baseline_digest", "backend", "status", "error",
     "error_kind", "reward", "rewards", "passed", "final", "retry_of", "retried_by",
-    "provenance_digest", "record",
+    "provenance_digest", "record", "reasons",
 }  # fmt: skip
 
 

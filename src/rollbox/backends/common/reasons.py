@@ -22,6 +22,7 @@ handle every reason its commands ran into, which the rollout runner reads around
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import re
@@ -30,12 +31,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from rollbox.errors import BackendError, ExecTimeoutError, SandboxExpiredError
-from rollbox.models import ExecResult, SandboxInfo, utcnow
+from rollbox.models import ExecResult, LimitReason, SandboxInfo, utcnow
 
 if TYPE_CHECKING:
     from rollbox.backends.common.cgroups import Cgroup
 
-REASONS: tuple[str, ...] = ("oom_killed", "pids_exhausted", "disk_full", "ttl_expired")
+REASONS: tuple[LimitReason, ...] = ("oom_killed", "pids_exhausted", "disk_full", "ttl_expired")
 """Every reason, in the order they are listed."""
 
 DISK_FULL_MIN_BYTES = 64 << 10
@@ -50,6 +51,10 @@ _FORK_FAILED = re.compile(
 """What shells and Python print when fork() fails with EAGAIN (the pids limit)."""
 
 _ATTR = "_rollbox_reasons"
+
+TTL_GRACE_S = 5.0
+"""A command still running this long after its sandbox's TTL ends with ``ttl_expired``
+even when the reaper has not destroyed the sandbox yet."""
 
 
 def is_full(free_bytes: int, total_bytes: int) -> bool:
@@ -141,14 +146,25 @@ def tracked(
     raised) on the handle, and name the TTL when the sandbox failed because it expired."""
 
     async def exec_tracked(self: H, /, *args: P.args, **kwargs: P.kwargs) -> ExecResult:
+        info = self.info
+        left = None if info.expires_at is None else (info.expires_at - utcnow()).total_seconds()
+        if left is not None and left <= 0:
+            note(self, ["ttl_expired"])
+            raise expired_error(info)
         try:
-            result = await fn(self, *args, **kwargs)
+            run = fn(self, *args, **kwargs)
+            # The reaper destroys the sandbox at its TTL; should it be late (busy, or not
+            # started yet), the command ends at the TTL all the same.
+            result = await (run if left is None else asyncio.wait_for(run, left + TTL_GRACE_S))
         except ExecTimeoutError as exc:
             note(self, exc.reasons)
             raise
         except SandboxExpiredError:
             note(self, ["ttl_expired"])
             raise
+        except TimeoutError:  # our wait_for above (ExecTimeoutError is handled before)
+            note(self, ["ttl_expired"])
+            raise expired_error(info) from None
         except (BackendError, OSError) as exc:
             if isinstance(exc, BackendError) and exc.reason is not None:
                 note(self, [exc.reason])
