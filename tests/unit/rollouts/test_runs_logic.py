@@ -51,7 +51,7 @@ def test_resume_runs_exactly_the_unfinished_slots(home: Home, tmp_path: Path) ->
         _rec(b, 0, "infra_error", retried_by="ro-later"),  # retried: its retry is missing
         _rec(b, 1, "infra_error"),  # retries exhausted: final
     ]
-    slots = run._slots(existing)
+    slots = list(run._slots(existing))
     got = sorted((Path(s.task_dir).name, s.attempt, s.replaces) for s in slots)
     assert got == [("a", 2, "ro-2-interrupted"), ("b", 0, None), ("b", 2, None)]
 
@@ -66,7 +66,7 @@ def test_slots_interleave_attempts_and_keep_load_errors(home: Home, tmp_path: Pa
         BlobStore(home),
         RunOptions(task_dirs=[str(a), str(bad)], attempts=2),
     )
-    slots = run._slots([])
+    slots = list(run._slots([]))
     assert [(Path(s.task_dir).name, s.attempt) for s in slots] == [
         ("a", 0), ("bad", 0), ("a", 1), ("bad", 1)
     ]  # fmt: skip
