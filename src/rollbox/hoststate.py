@@ -44,7 +44,9 @@ def _cgroups() -> frozenset[str]:
                             out.add(f"{ctrl.name}/{entry.name}/{sub.name}")
         except OSError:
             continue
-    return frozenset(out)
+    from rollbox.backends.common.cgroups import v2_groups
+
+    return frozenset(out) | v2_groups()
 
 
 def _netns() -> frozenset[str]:

@@ -39,6 +39,7 @@ _GROUPS: list[tuple[str, str | None]] = [
     ("rollbox.cli.runs", None),
     ("rollbox.cli.pilot", None),
     ("rollbox.cli.audit", None),
+    ("rollbox.cli.doctor", None),
 ]
 
 

@@ -303,3 +303,30 @@ def require_cgroups() -> None:
         from rollbox.backends.common.cgroups_v2 import ensure_base
 
         ensure_base()
+
+
+def v2_groups() -> frozenset[str]:
+    """On a v2 host: ``v2:<path>`` of every per-home parent and sandbox group below
+    rollbox's base (for leak checks; v1 hierarchies are listed by the caller). Reads
+    only: the base is not prepared."""
+    try:
+        if cgroup_version() != 2:
+            return frozenset()
+    except BackendUnavailableError:
+        return frozenset()
+    from rollbox.backends.common.cgroups_v2 import base_dir
+
+    out: set[str] = set()
+    base = base_dir()
+    try:
+        parents = [e for e in os.scandir(base) if e.name.startswith("rollbox-") and e.is_dir()]
+    except OSError:
+        return frozenset()
+    for parent in parents:
+        rel = os.path.relpath(parent.path, CGROUP_ROOT)
+        out.add(f"v2:{rel}")
+        try:
+            out.update(f"v2:{rel}/{e.name}" for e in os.scandir(parent.path) if e.is_dir())
+        except OSError:
+            continue
+    return frozenset(out)
