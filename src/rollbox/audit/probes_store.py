@@ -35,6 +35,25 @@ def _tree_has(root: Path, needle: bytes) -> list[str]:
     return hits
 
 
+def links_out(dest: Path) -> list[str]:
+    """Host symlinks at or below ``dest`` that point out of it (absolute, or resolving
+    outside): the next writer of such a path would write a host file."""
+    top = os.path.realpath(dest.parent if dest.is_symlink() else dest)
+    found = []
+    paths = [str(dest)] if dest.is_symlink() else []
+    if dest.is_dir() and not dest.is_symlink():
+        for dirpath, dirs, files in os.walk(dest):
+            paths += [os.path.join(dirpath, n) for n in dirs + files]
+    for p in paths:
+        if not os.path.islink(p):
+            continue
+        text = os.readlink(p)
+        real = os.path.realpath(p)
+        if dest.is_symlink() or text.startswith("/") or not real.startswith(top + "/"):
+            found.append(f"{p} -> {text}")
+    return found
+
+
 @probe("download-symlink-race", "host")
 async def symlink_race(ctx: AuditContext) -> Outcome:
     """Downloads racing a symlink swap inside never read a host file outside the root."""
@@ -55,6 +74,7 @@ async def symlink_race(ctx: AuditContext) -> Outcome:
     )
     outcomes: Counter[str] = Counter()
     leaks: list[str] = []
+    host_links: list[str] = []
     scratch = Path(tempfile.mkdtemp(prefix=f"rbx-audit-{ctx.home.tag}-dl-"))
     try:
         await asyncio.sleep(0.3)
@@ -67,9 +87,12 @@ async def symlink_race(ctx: AuditContext) -> Outcome:
             i += 1
             dest = scratch / f"d{i}"
             try:
-                if i % 3 == 0:
+                # trees both ways: links out refused, and replaced by what they point to
+                if i % 4 == 0:
                     await a.files.download(RACE_DIR, dest)
-                elif i % 3 == 1:
+                elif i % 4 == 3:
+                    await a.files.download(RACE_DIR, dest, links="content")
+                elif i % 4 == 1:
                     await a.files.download(RACE_DIR + "/f", dest)
                 else:
                     data = await a.files.read(RACE_DIR + "/f")
@@ -80,6 +103,7 @@ async def symlink_race(ctx: AuditContext) -> Outcome:
             except OSError as exc:
                 outcomes[f"OSError:{exc.errno}"] += 1
             if dest.exists() or dest.is_symlink():
+                host_links += links_out(dest)
                 if dest.is_dir() and not dest.is_symlink():
                     leaks += _tree_has(dest, needle)
                 elif dest.is_file() and not dest.is_symlink() and needle in dest.read_bytes():
@@ -95,12 +119,22 @@ async def symlink_race(ctx: AuditContext) -> Outcome:
         shutil.rmtree(scratch, ignore_errors=True)
     if swaps == 0 or sum(outcomes.values()) < 10 or outcomes["ok"] == 0:
         raise ProbeError(f"race did not run ({swaps} swaps, {dict(outcomes)} transfers)")
+    breaches = []
+    if leaks:
+        breaches.append(f"host canary content read through the sandbox: {leaks[:3]}")
+    if host_links:
+        breaches.append(f"downloads left host symlinks pointing out: {host_links[:3]}")
     out = verdict(
-        [f"host canary content read through the sandbox: {leaks[:3]}"] if leaks else [],
+        breaches,
         f"{sum(outcomes.values())} transfers during {swaps} symlink swaps: {dict(outcomes)}; "
-        "no host content came out",
+        "no host content came out, no host symlink points out of a destination",
     )
-    out.evidence = {"transfers": dict(outcomes), "swaps": swaps, "symlink_targets": targets}
+    out.evidence = {
+        "transfers": dict(outcomes),
+        "swaps": swaps,
+        "symlink_targets": targets,
+        "host_links_out": host_links[:20],
+    }
     return out
 
 

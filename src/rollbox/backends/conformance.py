@@ -320,16 +320,18 @@ async def file_copy_links(t: Harness) -> None:
     home_tmp.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=home_tmp) as d:
         out = Path(d)
-        # single files: followed inside the sandbox
-        await h.download("/tmp/l2", out / "l2")
-        check((out / "l2").read_text() == f"{token}\n", "a link to a file inside not followed")
+        # single files: followed inside the sandbox, never on the host
         await h.download("/tmp/shadow", out / "shadow")
         check(not (out / "shadow").is_symlink(), "a download made a host symlink")
         check(
             (out / "shadow").read_text() == own_shadow,
             "a link to /etc/shadow did not give the SANDBOX's /etc/shadow",
         )
+        await h.download("/tmp/l2", out / "l2")
+        check(not (out / "l2").is_symlink(), "a download made a host symlink")
+        check((out / "l2").read_text() == f"{token}\n", "a link to a file inside not followed")
         await h.download("/tmp/up", out / "up")
+        check(not (out / "up").is_symlink(), "a download made a host symlink")
         check((out / "up").read_text() == own_hostname, "../../.. was not clamped at the root")
         try:
             await h.download("/tmp/dangling", out / "dangling")

@@ -104,6 +104,7 @@ class Mutation:
     """Limits replaced in every spec (e.g. ``{"memory_mb": None}``)."""
     no_timeout_kill: bool = False
     naive_files: bool = False
+    verbatim_links: bool = False
     keep_cgroups: bool = False
 
 
@@ -131,10 +132,34 @@ class NaiveFiles:
         else:
             self.write(dest, src.read_bytes())
 
-    def download(self, src: str, dest: Path, **_kw: Any) -> None:
+    def download(self, src: str, dest: Path, *_a: Any, **_kw: Any) -> None:
         p = self._p(src)
         if p.is_dir():
             shutil.copytree(p, dest, symlinks=False)
+        else:
+            dest.write_bytes(p.read_bytes())
+
+
+class VerbatimLinkFiles(NaiveFiles):
+    """Safe reads, but downloads copy symlinks as they are (absolute targets included):
+    the host then holds links to its own files (microvm's ``sandbox cp`` before the
+    file-copy contract)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        from rollbox.backends.namespace.files import RootFiles
+
+        self.safe = RootFiles(root)
+
+    def read(self, path: str) -> bytes:
+        return self.safe.read(path)
+
+    def download(self, src: str, dest: Path, *_a: Any, **_kw: Any) -> None:
+        p = self._p(src)
+        if p.is_symlink():
+            os.symlink(os.readlink(p), dest)
+        elif p.is_dir():
+            shutil.copytree(p, dest, symlinks=True)
         else:
             dest.write_bytes(p.read_bytes())
 
@@ -197,6 +222,8 @@ class MutantNamespaceBackend(NamespaceBackend):
             handle.__class__ = _NoKillOnTimeout
         if m.naive_files:
             handle.files = NaiveFiles(handle.rootfs.root)  # type: ignore[assignment]
+        if m.verbatim_links:
+            handle.files = VerbatimLinkFiles(handle.rootfs.root)  # type: ignore[assignment]
         return handle
 
     def _teardown_names(self, sandbox_id: str, net: dict[str, object] | None) -> None:

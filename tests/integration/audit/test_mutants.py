@@ -167,6 +167,12 @@ MUTATIONS: dict[str, Callable[[Env], Mutation]] = {
         ["download-symlink-race"],
         naive_files=True,
     ),
+    "verbatim-links": lambda e: Mutation(
+        "verbatim-links",
+        "downloads copy symlinks as they are (host links to host files)",
+        ["download-symlink-race"],
+        verbatim_links=True,
+    ),
     "keep-cgroups": lambda e: Mutation(
         "keep-cgroups",
         "destroy leaves the sandbox's cgroups behind",
@@ -254,3 +260,28 @@ def test_store_mutant(
     (res,) = report.probes
     assert res.status == "breach", res.summary
     assert "not detected" in res.summary
+
+
+@pytest.mark.parametrize(
+    "mutation",
+    [
+        # "removed" holds the message the check must fail with
+        Mutation("naive-files", "did not give the SANDBOX's /etc/shadow", [], naive_files=True),
+        Mutation("verbatim-links", "made a host symlink", [], verbatim_links=True),
+    ],
+    ids=lambda m: m.name,
+)
+def test_file_copy_check_fails_against_broken_transfer(
+    linked_home: Home, dev_baseline: BaselineInfo, mutation: Mutation
+) -> None:
+    """The conformance check of the file-copy contract can fail: it rejects file transfer
+    that follows links on the host, and one that copies links verbatim."""
+    from rollbox.backends.conformance import run_check_sync
+    from rollbox.backends.registry import get_backend
+
+    with mutants.installed(linked_home, mutation):
+        be = get_backend("namespace", linked_home)
+        assert isinstance(be, mutants.MutantNamespaceBackend)
+        with pytest.raises(AssertionError, match=mutation.removed) as err:
+            run_check_sync("file_copy_links", be, dev_baseline)
+    print(f"{mutation.name}: {err.value}")
