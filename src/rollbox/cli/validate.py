@@ -37,8 +37,11 @@ def int_range(option: str, lo: int, hi: int) -> Callable[[int | None], int | Non
     """A callback accepting ``None`` or an integer in ``lo..hi``."""
 
     def check(value: int | None) -> int | None:
-        if value is not None and not lo <= value <= hi:
-            raise InvalidInputError(f"{option} must be {lo}..{hi}, got {value}")
+        if value is not None and value < lo:
+            least = "0 or more" if lo == 0 else f"at least {lo}"
+            raise InvalidInputError(f"{option} must be {least}, got {value}")
+        if value is not None and value > hi:
+            raise InvalidInputError(f"{option} must be at most {hi}, got {value}")
         return value
 
     return check
