@@ -43,7 +43,6 @@ from typing import Any, TypeVar
 
 from rollbox import __version__
 from rollbox.backends.base import Backend, SandboxHandle
-from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.registry import get_backend
 from rollbox.config import Home
 from rollbox.errors import (
@@ -77,6 +76,7 @@ from rollbox.rollouts.verifier_exec import (
     is_unsupported,
     isolated_request,
     protected,
+    run_unisolated,
     suspicious,
 )
 from rollbox.sandbox import AsyncSandbox, create_handle
@@ -526,7 +526,7 @@ class RolloutRunner:
         started = time.perf_counter()
         try:
             if protected():
-                run = await self._verifier_exec(sbx, task, cmd, opts, stop=stop)
+                run = await self._verifier_exec(rec, sbx, task, cmd, opts, stop=stop)
                 rec.extra = {**rec.extra, "verifier_isolation": run.isolation}
                 r = run.result
             else:  # test-only: the unprotected path, to show the guard is what stops forgeries
@@ -542,6 +542,8 @@ class RolloutRunner:
         outcome.duration_s = time.perf_counter() - started
         outcome.stdout = self._ref("verifier.stdout", out.encode(), truncated=cut)
         outcome.stderr = self._ref("verifier.stderr", err.encode(), truncated=cut)
+        if run is not None and run.tampered and outcome.error is None:
+            outcome.error = run.tampered
         # /logs/verifier comes out once: kept as artifacts, and the reward is read from it.
         if run is not None and run.logs is not None:
             refs = [self._ref(f"{REWARD_DIR}/{k}", v) for k, v in sorted(run.logs.items())]
@@ -567,12 +569,19 @@ class RolloutRunner:
         timing.backend_s += time.perf_counter() - t0
         rec.verifier = outcome
 
-    @staticmethod
     async def _verifier_exec(
-        sbx: AsyncSandbox, task: Task, cmd: list[str], opts: dict[str, Any], *, stop: bool
+        self,
+        rec: RolloutRecord,
+        sbx: AsyncSandbox,
+        task: Task,
+        cmd: list[str],
+        opts: dict[str, Any],
+        *,
+        stop: bool,
     ) -> VerifierRun:
         """Run the verifier in its own mount namespace (``/tests``, ``/logs/verifier``
-        private); where the backend cannot, empty both and upload the tests just before."""
+        private); where the backend cannot, the weaker path with its tamper checks."""
+        scratch = self.home.tmp / f"verifier-tests-{rec.id}"
         try:
             iso = isolated_request(task.tests_dir, stop_agent=stop)
         except InvalidInputError as exc:
@@ -583,11 +592,7 @@ class RolloutRunner:
         except CapabilityError as exc:
             if not is_unsupported(exc):
                 raise
-        if stop:
-            await sbx.exec(["true"], isolate=IsolatedExec(kill_others=True))
-        await sbx.exec(["rm", "-rf", TESTS_DIR, REWARD_DIR])
-        await sbx.files.upload(task.tests_dir, TESTS_DIR)
-        return VerifierRun(await sbx.exec(cmd, **opts), None, "none")
+        return await run_unisolated(sbx, task.tests_dir, cmd, opts, stop=stop, scratch=scratch)
 
     async def _verifier_logs(
         self, rec: RolloutRecord, sbx: AsyncSandbox

@@ -15,20 +15,31 @@ a verifier process's files through ``/proc/PID/root``; ``[rollbox] stop_agent_be
 closes the latter, separate mode closes both.
 
 A backend that cannot give an exec its own mount namespace (gVisor here) gets the weaker
-path: both directories emptied and the tests uploaded just before the command, with
-``verifier_isolation = "none"`` recorded.
+path, recorded as ``verifier_isolation = "none"``: both directories emptied and the tests
+uploaded just before the command, then two tamper checks that catch interference but cannot
+prevent it: ``/tests`` must still hold exactly the uploaded files, and the reward files must
+not change after the command ended (a process left running keeps writing them). A forger
+that writes once at the right moment gets past them; ``stop_agent_before_verify`` or
+separate mode does not leave it running.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rollbox.backends.isolation import IsolatedExec
-from rollbox.errors import CapabilityError, InvalidInputError
+from rollbox.errors import BackendError, CapabilityError, InvalidInputError, RollboxError
 from rollbox.models import ExecResult, FsChange
-from rollbox.rollouts.verifier import REWARD_DIR
+from rollbox.rollouts.verifier import REWARD_DIR, REWARD_JSON, REWARD_TXT
+from rollbox.sandbox import AsyncSandbox
+
+SETTLE_S = 0.3
+"""How long the reward files must stay unchanged after the command ends (weaker path)."""
 
 TESTS_DIR = "/tests"
 TESTS_MAX = 48 << 20
@@ -95,6 +106,8 @@ class VerifierRun:
     when they must be downloaded from the sandbox (the weaker path)."""
     isolation: str
     """``private`` (own mount namespace) or ``none``."""
+    tampered: str | None = None
+    """Weaker path only: what the tamper checks caught (then the reward does not count)."""
 
 
 def isolated_request(tests_dir: Path, *, stop_agent: bool) -> IsolatedExec:
@@ -110,3 +123,73 @@ def isolated_request(tests_dir: Path, *, stop_agent: bool) -> IsolatedExec:
 def is_unsupported(exc: CapabilityError) -> bool:
     """True when ``exc`` says the backend cannot give an exec a private mount namespace."""
     return "private mount namespace" in str(exc)
+
+
+async def run_unisolated(
+    sbx: AsyncSandbox,
+    tests_dir: Path,
+    cmd: list[str],
+    opts: dict[str, Any],
+    *,
+    stop: bool,
+    scratch: Path,
+) -> VerifierRun:
+    """The weaker path for a backend without private execs (see the module docstring).
+
+    Raises:
+        ExecTimeoutError: the verifier ran past its timeout.
+    """
+    if stop:
+        await sbx.exec(["true"], isolate=IsolatedExec(kill_others=True))
+    expected = pack_tests(tests_dir)
+    await sbx.exec(["rm", "-rf", TESTS_DIR, REWARD_DIR])
+    await sbx.files.upload(tests_dir, TESTS_DIR)
+    result = await sbx.exec(cmd, **opts)
+    tampered = await _reward_moves(sbx) or await _tests_changed(sbx, expected, scratch)
+    return VerifierRun(result, None, "none", tampered)
+
+
+async def _reward_moves(sbx: AsyncSandbox) -> str | None:
+    """A message when the reward files change after the verifier's command ended."""
+    probe = ["stat", "-c", "%n %s %y", REWARD_TXT, REWARD_JSON]
+    before = (await sbx.exec(probe)).stdout
+    await asyncio.sleep(SETTLE_S)
+    after = (await sbx.exec(probe)).stdout
+    if before != after:
+        return (
+            f"{REWARD_DIR} changed after the verifier ended: a process the agent left running "
+            "writes it (set [rollbox] stop_agent_before_verify or use separate mode)"
+        )
+    return None
+
+
+async def _tests_changed(
+    sbx: AsyncSandbox, expected: dict[str, tuple[int, bytes]], scratch: Path
+) -> str | None:
+    """A message when ``/tests`` no longer holds exactly the uploaded files."""
+    dest = scratch / "tests"
+    shutil.rmtree(scratch, True)
+    scratch.mkdir(parents=True)
+    try:
+        try:
+            await sbx.files.download(TESTS_DIR, dest)
+        except BackendError:
+            raise
+        except (RollboxError, OSError):
+            return f"{TESTS_DIR} vanished while the verifier ran"
+        found: dict[str, bytes] = {}
+        for dirpath, _dirs, names in os.walk(dest):
+            for name in names:
+                full = Path(dirpath) / name
+                rel = full.relative_to(dest).as_posix()
+                found[f"{TESTS_DIR}/{rel}"] = b"" if full.is_symlink() else full.read_bytes()
+        for path in sorted(set(found) | set(expected)):
+            if path not in expected or path not in found or found[path] != expected[path][1]:
+                return (
+                    f"{path} changed while the verifier ran: a process the agent left running "
+                    "altered the tests (set [rollbox] stop_agent_before_verify or use separate "
+                    "mode)"
+                )
+        return None
+    finally:
+        shutil.rmtree(scratch, True)

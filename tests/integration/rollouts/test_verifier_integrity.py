@@ -11,19 +11,25 @@ The adversarial tasks live in ``verifier_tasks/`` (example-style Harbor tasks; k
 each with a ``tests/test.sh`` that never writes a passing reward. ``agent-server`` (the
 tests query a server the agent left running) must still pass, and ``agent-leftover`` passes
 only when ``[rollbox] stop_agent_before_verify = true`` killed what the agent left.
+
+On gVisor (no private mount namespaces in runsc 20221219) the weaker path's tamper checks
+are what fail the writer and the watcher; with the guard switched off every forgery passes
+on every backend.
 """
 
 from __future__ import annotations
 
+import io
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from rollbox.models import RolloutRecord
 from rollbox.rollouts import verifier_exec
-from rollbox.rollouts.report import summarize
+from rollbox.rollouts.report import render, summarize
 from rollbox.store.provenance import check
 
 from .conftest import Runs
@@ -78,20 +84,30 @@ def test_forged_rewards_do_not_pass_and_agent_servers_still_serve(
     assert not by["agent-server"].suspicious_changes  # /srv is not a system path
     summary = summarize(run, recs)
     assert summary.suspicious_changes == 2 and summary.suspicious_rollouts == 2
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(render(summary))
+    text = console.export_text()
+    assert "system files changed" in text and "2 paths in 2 rollouts" in text
+    # the field is sealed by the provenance digest: an edit is caught by `rollbox verify`
+    edited = pre.model_copy(update={"suspicious_changes": []})
+    assert check(edited, runs.blobs) != []
 
-    forged = list(FORGED) if private else ["forged-prewritten"]
-    forged += [f"{n}-stopped" for n in FORGED]
-    for name in forged:
+    for name in [*FORGED, *(f"{n}-stopped" for n in FORGED)]:
         v = by[name].verifier
         assert v is not None and not v.passed, (name, v)
         assert v.reward in (None, 0.0), (name, v.reward)
-    # (b) the writer's reward never reached the verifier: no reward at all
+    w = by["forged-writer"].verifier
+    c = by["forged-watcher"]
+    assert w is not None and c.verifier is not None
     if private:
-        w = by["forged-writer"].verifier
-        assert w is not None and "wrote no reward" in (w.error or ""), w
+        # (b) the writer's reward never reached the verifier: no reward at all
+        assert "wrote no reward" in (w.error or ""), w
         # (c) the watcher never saw the tests: the original test.sh wrote 0
-        c = by["forged-watcher"]
-        assert c.verifier is not None and c.verifier.reward == 0.0 and c.status == "done"
+        assert c.verifier.reward == 0.0 and c.status == "done", c.verifier
+    else:
+        # gVisor cannot isolate: the weaker path's tamper checks catch both
+        assert "changed after the verifier ended" in (w.error or ""), w
+        assert "/tests/test.sh changed while the verifier ran" in (c.verifier.error or "")
 
     # a server the agent left running still answers the tests (Harbor's shared mode) ...
     srv = by["agent-server"]
@@ -111,7 +127,7 @@ def test_forged_rewards_do_not_pass_and_agent_servers_still_serve(
 
 @pytest.mark.root
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["namespace", pytest.param("microvm", marks=pytest.mark.vm)])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_without_the_guard_the_forged_rewards_would_pass(
     runs: Runs, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
