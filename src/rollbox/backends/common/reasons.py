@@ -69,8 +69,8 @@ def dir_full(path: Path) -> bool:
         st = os.statvfs(path)
     except OSError:
         return False
-    # f_bfree, not f_bavail: the sandbox's root may use blocks reserved for root.
-    return is_full(st.f_bfree * st.f_frsize, st.f_blocks * st.f_frsize)
+    # f_bavail: what a writer inside got before ENOSPC (the same as f_bfree on a tmpfs)
+    return is_full(st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize)
 
 
 def fork_failed(stderr: str | bytes) -> bool:

@@ -43,6 +43,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -1258,6 +1259,34 @@ static int exec_oom_killed(const Exec *e) {
     return oom;
 }
 
+/* pids.events "max" of the exec's cgroup: forks that failed at the pids limit (the guest
+ * kernel counts them in the forking task's cgroup). */
+static int exec_pids_max_hit(const Exec *e) {
+    if (!e->cg[0]) return 0;
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/pids.events", e->cg);
+    FILE *f = fopen(p, "re");
+    if (!f) return 0;
+    char line[128];
+    int hit = 0;
+    while (fgets(line, sizeof line, f)) {
+        long long v;
+        if (sscanf(line, "max %lld", &v) == 1 && v > 0) hit = 1;
+    }
+    fclose(f);
+    return hit;
+}
+
+/* Free and total bytes of the root (the overlay: its upper disk is the disk limit). */
+static void root_space(int64_t *free_b, int64_t *total_b) {
+    struct statvfs st;
+    *free_b = *total_b = -1;
+    if (statvfs("/", &st) == 0) {
+        *free_b = (int64_t)st.f_bavail * (int64_t)st.f_frsize; /* ext4 keeps a reserve */
+        *total_b = (int64_t)st.f_blocks * (int64_t)st.f_frsize;
+    }
+}
+
 static void exec_free(Exec *e) {
     Exec **pp = &execs;
     while (*pp && *pp != e) pp = &(*pp)->next;
@@ -1818,6 +1847,11 @@ static void check_exec(Exec *e) {
     jo_int(&o, "exit_code", code);
     jo_bool(&o, "timed_out", e->timed_out);
     jo_bool(&o, "oom_killed", exec_oom_killed(e));
+    jo_bool(&o, "pids_exhausted", exec_pids_max_hit(e));
+    int64_t disk_free, disk_total;
+    root_space(&disk_free, &disk_total);
+    jo_int(&o, "disk_free", disk_free);
+    jo_int(&o, "disk_total", disk_total);
     jo_bool(&o, "truncated", e->truncated);
     jo_send(&o);
     if (connected) flush_out(); /* the reply first; the cgroup housekeeping can wait */
