@@ -237,6 +237,8 @@ class HostPort(Model):
         host, sep, port = text.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ValueError(f"expected HOST:PORT, got {text!r}")
+        if not 1 <= int(port) <= 65535:
+            raise ValueError(f"port must be 1..65535, got {port} in {text!r}")
         return cls(host=host, port=int(port))
 
     def __str__(self) -> str:

@@ -188,3 +188,33 @@ def test_help_and_version_still_exit_0() -> None:
     assert run_main(["version"])[0] == 0
     code, out, _ = run_main(["--help"])
     assert code == 0 and "Usage" in out
+
+
+# numbers inside string options: pilot workloads and levels, network allow-list ports
+EMBEDDED = [
+    (("pilot", "--workload", "sleep:{}"), 0, 3600),
+    (("pilot", "--workload", "cpu:{}"), 0, 3600),
+    (("pilot", "--workload", "disk:{}"), 0, 3600),
+    (("pilot", "--concurrency", "1,{}"), 1, 1024),
+    (("sandbox", "create", "--network", "allow=127.0.0.1:{}"), 1, 65535),
+]
+
+
+@pytest.mark.parametrize(("argv", "lo", "hi"), EMBEDDED, ids=lambda x: str(x))
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_bad_numbers_inside_options_are_one_line(
+    argv: tuple[str, ...], lo: int, hi: int, data: st.DataObject
+) -> None:
+    value = data.draw(
+        st.one_of(
+            st.sampled_from(["nan", "inf", "-inf", "-1", "1e308", "", "x"]),
+            st.integers(max_value=lo - 1).map(str),
+            st.integers(min_value=hi + 1).map(str),
+            st.floats(min_value=hi, allow_nan=False).filter(lambda x: x > hi).map(_float_text),
+        ),
+        label="value",
+    )
+    assert_one_line_exit_2([a.replace("{}", value) for a in argv])

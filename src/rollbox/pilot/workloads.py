@@ -85,7 +85,7 @@ def parse_workload(text: str) -> Workload:
                     f"bad workload argument {arg!r} in {text!r}",
                     hint=f"use {name}:NUMBER, e.g. {name}:{_DEFAULTS[name]:g}",
                 ) from None
-            if value < 0 or value > 3600:
+            if not 0 <= value <= 3600:  # also refuses nan
                 raise InvalidInputError(f"workload argument out of range (0..3600): {text!r}")
         return Workload(kind=name, arg=value)
     path = Path(text)
