@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import subprocess
@@ -200,6 +201,9 @@ async def baseline_writes(ctx: AuditContext) -> Outcome:
         scripts.MUTATE_BASELINE,
         {"append": ["/etc/os-release", "/etc/passwd"], "delete": ["/usr/bin/env"], "new": new},
     )
+    failed = {k: v for k, v in mut["result"].items() if v not in ("appended", "deleted", "created")}
+    if failed:  # nothing was changed inside, so nothing could reach the layers
+        raise ProbeError(f"the mutations inside A failed: {failed}")
     host_after = {t: _sha(Path(p)) for t, (p, _h) in host_before.items()}
     changed = [t for t in targets if host_after[t] != host_before[t][1]]
     new_in_layers = _in_layers(ctx, new)
@@ -234,6 +238,8 @@ async def pids_limit(ctx: AuditContext) -> Outcome:
     sbx = await ctx.sandbox(limits=Limits(pids=limit, memory_mb=256, disk_mb=64))
     # 4x the limit is a breach already; more would only be the memory limit's business
     res = await ctx.py(sbx, scripts.FORK_BOMB, {"max": 4 * limit}, timeout=90)
+    if res["error"] not in (None, "EAGAIN"):
+        raise ProbeError(f"forks failed with {res['error']}, not the pids limit's EAGAIN")
     alive = await sbx.exec(["true"])
     breaches = []
     if res["error"] is None or res["forked"] >= limit:
@@ -334,6 +340,10 @@ async def disk_limit(ctx: AuditContext) -> Outcome:
     return out
 
 
+TIMEOUT_S = 4.0
+"""The timed exec's timeout: long enough to see its sleepers start (TCG guests are slow)."""
+
+
 @probe("timeout-no-survivors", "conformance")
 async def timeout_survivors(ctx: AuditContext) -> Outcome:
     """A timed-out exec leaves no survivor, setsid/nohup daemons included."""
@@ -341,10 +351,18 @@ async def timeout_survivors(ctx: AuditContext) -> Outcome:
     secs = [f"1000.{secrets.randbelow(10**6):06d}" for _ in range(3)]
     cmd = f"setsid sleep {secs[0]} & nohup sleep {secs[1]} >/dev/null 2>&1 & sleep {secs[2]}"
     timed_out = False
+    run = asyncio.create_task(a.exec(["sh", "-c", cmd], timeout=TIMEOUT_S))
+    # precondition: all three sleepers run before the timeout (else no survivor proves
+    # nothing, e.g. no setsid in the baseline)
+    started: list[int] = []
+    while not run.done() and len(started) < 3:
+        started = (await ctx.py(a, scripts.SCAN_PROCS, {"tokens": secs}))["cmdline_hits"]
     try:
-        await a.exec(["sh", "-c", cmd], timeout=1.0)
+        await run
     except ExecTimeoutError:
         timed_out = True
+    if len(started) < 3:
+        raise ProbeError(f"only {len(started)} of the 3 sleepers were seen running")
     inside = await ctx.py(a, scripts.SCAN_PROCS, {"tokens": secs})
     host = subprocess.run(
         ["pgrep", "-af", "sleep 1000."], capture_output=True, text=True, check=False

@@ -29,6 +29,8 @@ def own_kernel_note(accepted: list[str]) -> str:
 async def proc_environ(ctx: AuditContext) -> Outcome:
     """No /proc/*/environ readable inside holds a host process's secret."""
     a, _ = await ctx.shared()
+    if not ctx.canary_alive():
+        raise ProbeError("the host canary process is not running")
     res = await ctx.py(a, scripts.SCAN_PROCS, {"tokens": [ctx.env_token]})
     breaches = []
     if res["environ_hits"] or res["cmdline_hits"]:
@@ -69,6 +71,8 @@ async def mountinfo(ctx: AuditContext) -> Outcome:
     """/proc/self/mountinfo inside names no host path under ROLLBOX_HOME (layers, sandbox dir)."""
     a, _ = await ctx.shared()
     text = (await ctx.py(a, scripts.MOUNTINFO))["mountinfo"]
+    if not text.strip():
+        raise ProbeError("/proc/self/mountinfo is empty inside")
     marks = host_path_markers(ctx)
     leaks = [ln for ln in text.splitlines() if any(m in ln for m in marks)]
     out = verdict(
@@ -222,6 +226,8 @@ async def _knob_probe(ctx: AuditContext, knobs: list[str], mkdirs: list[str]) ->
     for p, v in before.items():
         if v is not None and v.lstrip("-").isdigit():
             writes.append([p, str(int(v) + 1)])
+    if not writes and not mkdirs:
+        raise ProbeError(f"no host value to compare with: {before}")
     res = await ctx.py(a, scripts.WRITE_KNOBS, {"writes": writes, "mkdirs": mkdirs})
     after = {p: _read(p) for p in knobs}
     changed = {p: (before[p], after[p]) for p in knobs if before[p] != after[p]}

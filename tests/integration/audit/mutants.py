@@ -167,10 +167,23 @@ class VerbatimLinkFiles(NaiveFiles):
 class _NoKillOnTimeout(NamespaceSandbox):
     """A handle whose exec timeout leaves the command's process tree running."""
 
+    _active = 0
+    _patch: Any = None
+
     async def exec(self, cmd: list[str] | str, **kw: Any) -> ExecResult:
-        # the per-exec group is of the same (v1 or v2) class as the sandbox's
-        with mock.patch.object(type(self.cgroup), "kill_all", lambda _self: None):
+        # the per-exec group is of the same (v1 or v2) class as the sandbox's; execs
+        # overlap, so the patch stays while any of them runs
+        cls = _NoKillOnTimeout
+        if cls._active == 0:
+            cls._patch = mock.patch.object(type(self.cgroup), "kill_all", lambda _self: None)
+            cls._patch.start()
+        cls._active += 1
+        try:
             return await super().exec(cmd, **kw)
+        finally:
+            cls._active -= 1
+            if cls._active == 0:
+                cls._patch.stop()
 
 
 class MutantNamespaceBackend(NamespaceBackend):
