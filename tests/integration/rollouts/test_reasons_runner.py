@@ -54,6 +54,11 @@ def _show_and_export(runs: Runs, rec: RolloutRecord, tmp_path: Path) -> None:
     (line,) = [json.loads(x) for x in dest.read_text().splitlines()]
     assert line["reasons"] == rec.reasons and line["record"]["reasons"] == rec.reasons
     assert check(rec, runs.blobs) == []  # sealed with its reasons
+    out = cli.invoke(app, ["report", rec.run_id, "--db", runs.db_url, "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["platform"]["limits_reached"] == {rec.reasons[0]: 1}
+    out = cli.invoke(app, ["report", rec.run_id, "--db", runs.db_url])
+    assert "limits reached" in out.output and f"{rec.reasons[0]} 1" in out.output
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -14,7 +14,7 @@ from rollbox.backends.base import Backend
 from rollbox.backends.common.reasons import seen
 from rollbox.backends.state import list_states
 from rollbox.config import Home
-from rollbox.errors import SandboxExpiredError
+from rollbox.errors import ExecTimeoutError, SandboxExhaustedError, SandboxExpiredError
 from rollbox.models import BaselineInfo, ExecResult, Limits, SandboxSpec
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -60,6 +60,31 @@ def test_exec_reasons(
             assert r.oom_killed and r.exit_code == 137, r
             assert "oom_killed" in r.reasons
             assert seen(h) == ["pids_exhausted", "disk_full", "oom_killed"]
+        finally:
+            await h.destroy()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fork_bomb_until_its_timeout(
+    backend: str, backend_or_skip: Callable[[str], Backend], dev_baseline: BaselineInfo
+) -> None:
+    """The timeout error carries the reason; on gVisor the bomb may instead reach the host
+    task limit first, which kills the sandbox: then the error says pids_exhausted."""
+    be = backend_or_skip(backend)
+
+    async def go() -> None:
+        h = await be.create(_spec(dev_baseline, pids=32), dev_baseline)
+        try:
+            with pytest.raises((ExecTimeoutError, SandboxExhaustedError)) as err:
+                await h.exec(["bash", "-c", "while true; do sleep 5 & done"], timeout=3)
+            if isinstance(err.value, ExecTimeoutError):
+                assert err.value.reasons == ["pids_exhausted"]
+            else:
+                assert backend == "gvisor" and err.value.reason == "pids_exhausted"
+                assert "host task limit" in str(err.value)
+            assert seen(h) == ["pids_exhausted"]
         finally:
             await h.destroy()
 
