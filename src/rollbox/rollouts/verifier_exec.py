@@ -10,8 +10,10 @@ the command starts, and ``/logs/verifier`` is returned by it after the command e
 ``/tests/test.sh``: none of them can reach those directories by path.
 
 What this does not cover: shared mode still trusts the agent's filesystem (the verifier runs
-the agent's ``bash``, ``python3``...), and a root process the agent left running can reach
-a verifier process's files through ``/proc/PID/root``; ``[rollbox] stop_agent_before_verify``
+the agent's ``bash``, ``python3``...), and in a microVM (commands are root with every
+capability) a process the agent left running can still reach a verifier process's files
+through ``/proc/PID/root`` or ``setns`` -- on the namespace backend a marker capability only
+verifier commands keep makes the kernel refuse that. ``[rollbox] stop_agent_before_verify``
 closes the latter, separate mode closes both.
 
 A backend that cannot give an exec its own mount namespace (gVisor here) gets the weaker

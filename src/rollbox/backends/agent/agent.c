@@ -11,9 +11,10 @@
  *       PID 1 of the sandbox (writes one byte to READYFD once running): accept connections on the listening unix socket FD; every
  *       connection is one exec handled by a forked session process. Reaps orphans.
  *       With SECCOMPFD (a compiled BPF program), the agent itself runs without that filter
- *       and with CAP_SYS_ADMIN (to build private mount namespaces, flag 8); every command
- *       drops CAP_SYS_ADMIN and loads the filter before it execs, so commands run exactly
- *       as before.
+ *       and with CAP_SYS_ADMIN (to build private mount namespaces, flag 8) and
+ *       CAP_WAKE_ALARM (a marker only private commands keep); every command drops
+ *       CAP_SYS_ADMIN and loads the filter before it execs, so commands run exactly as
+ *       before.
  *
  * Wire format (both directions): u8 type, u32 little-endian length, payload.
  *   host -> agent  'E' exec request: u32 uid, gid, nofile, flags, argc, envc, then
@@ -232,23 +233,28 @@ static int load_seccomp(int fd) {
     return 0;
 }
 
-/* In the command, before exec: give up CAP_SYS_ADMIN (all sets) and load the filter, so the
- * command has exactly what it would have had under bwrap's own --seccomp. */
-static int restrict_command(void) {
-    if (!seccomp_prog.filter) return 0;
-    if (prctl(PR_CAPBSET_READ, CAP_SYS_ADMIN, 0, 0, 0) == 1 &&
-        prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0) < 0)
+static int drop_cap(int cap) {
+    if (prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1 && prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0)
         return -1;
     struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
     struct __user_cap_data_struct d[2];
     if (syscall(SYS_capget, &h, d) < 0) return -1;
-    for (int i = 0; i < 2; i++) {
-        uint32_t bit = CAP_SYS_ADMIN / 32 == (unsigned)i ? 1u << (CAP_SYS_ADMIN % 32) : 0;
-        d[i].effective &= ~bit;
-        d[i].permitted &= ~bit;
-        d[i].inheritable &= ~bit;
-    }
-    if (syscall(SYS_capset, &h, d) < 0) return -1;
+    uint32_t bit = 1u << (cap % 32);
+    d[cap / 32].effective &= ~bit;
+    d[cap / 32].permitted &= ~bit;
+    d[cap / 32].inheritable &= ~bit;
+    return syscall(SYS_capset, &h, d) < 0 ? -1 : 0;
+}
+
+/* In the command, before exec: give up CAP_SYS_ADMIN (all sets) and load the filter, so the
+ * command has exactly what it would have had under bwrap's own --seccomp. Only a private
+ * (verifier) command keeps CAP_WAKE_ALARM, a harmless marker: with a capability the others
+ * lack, their processes fail the kernel's ptrace access check against it (no
+ * /proc/PID/root, cwd, fd or mem of a verifier process for what the agent left running). */
+static int restrict_command(int private_exec) {
+    if (!seccomp_prog.filter) return 0;
+    if (drop_cap(CAP_SYS_ADMIN) < 0) return -1;
+    if (!private_exec && drop_cap(CAP_WAKE_ALARM) < 0) return -1;
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) return -1;
     return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &seccomp_prog) < 0 ? -1 : 0;
 }
@@ -494,7 +500,7 @@ static void session(int conn) {
             struct rlimit rl = {nofile, nofile};
             setrlimit(RLIMIT_NOFILE, &rl);
         }
-        if (restrict_command() < 0) {
+        if (restrict_command((flags & FLAG_PRIVATE) != 0) < 0) {
             report_fail(ef[1], 'K', errno);
             _exit(125);
         }

@@ -348,8 +348,9 @@ class NamespaceBackend(Backend):
         argv += ["--cap-drop", "ALL"]
         # CAP_SYS_ADMIN and no filter for the agent alone: it builds the verifier's private
         # mount namespace; every command drops that capability and loads the seccomp
-        # filter itself before exec (agent.c restrict_command).
-        for cap in [*CAPS, "CAP_SYS_ADMIN"]:
+        # filter itself before exec (agent.c restrict_command). CAP_WAKE_ALARM is kept by
+        # verifier commands only: the processes the agent left cannot reach theirs.
+        for cap in [*CAPS, "CAP_SYS_ADMIN", "CAP_WAKE_ALARM"]:
             argv += ["--cap-add", cap]
         # The agent runs from a sealed memfd, not a bind mount: a bind would show its host
         # path (under ROLLBOX_HOME) in the sandbox's /proc/self/mountinfo.
