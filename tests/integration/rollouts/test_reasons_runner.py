@@ -128,3 +128,30 @@ def test_ttl_expiry_is_named_and_the_agents(
     assert rec.error is not None and "reached its TTL of 4 s" in rec.error, rec.error
     assert "connection broke" not in rec.error
     assert no_leaks(recs) == {}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_policys_own_execs_count(
+    runs: Runs, backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Python policy drives the sandbox itself: the limits its execs reach are recorded
+    (the runner reads them from the sandbox handle), and on gVisor the policy's next call on
+    the sandbox the hog took down is the agent's failure, not an infrastructure retry."""
+    (tmp_path / "hog_policy_i15.py").write_text(
+        f"""
+async def act(sbx, instruction):
+    r = await sbx.exec(["bash", "-c", {HOG!r}], timeout=60)
+    await sbx.exec("touch /tmp/done")
+    return [{{"action": "hog", "observation": r.exit_code, "started_at": "2026-01-01T00:00:00Z"}}]
+"""
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    t = runs.task(f"policy-hog-{backend}", toml="[environment]\nmemory_mb = 64\n", test=TEST)
+    _run, recs = runs.run(
+        [t], agent="python:hog_policy_i15:act", backend_override=backend, retries=2
+    )
+    rec = _not_blamed_elsewhere(recs, "oom_killed")
+    if backend == "gvisor":
+        assert rec.status == "failed" and rec.error_kind == "agent", rec.error
+    else:
+        assert rec.status == "done" and rec.verifier is not None and rec.verifier.passed
