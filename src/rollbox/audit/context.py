@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollbox.audit import leftovers
 from rollbox.backends.common import testnet
 from rollbox.config import Home
 from rollbox.errors import BackendError, RollboxError
@@ -218,19 +219,29 @@ class AuditContext:
     # ------------------------------------------------------------------ host canaries
 
     async def start_canaries(self) -> None:
-        """Start the host-side canaries and the netns server."""
-        self.canary_dir = Path("/var/tmp") / f"rbx-audit-{self.home.tag}-{secrets.token_hex(4)}"
+        """Start the host-side canaries and the netns server (after removing what audits
+        of this home that were killed left)."""
+        await asyncio.to_thread(leftovers.sweep, self.home)
+        name = f"rbx-audit-{self.home.tag}-{secrets.token_hex(4)}"
+        self.canary_dir = leftovers.CANARY_ROOT / name
         self.canary_dir.mkdir(parents=True, exist_ok=False)
         self.own_resources.append(str(self.canary_dir))
         self.canary_token = token("hostfile")
         self.canary_file = self.canary_dir / "host-secret.txt"
         self.canary_file.write_text(self.canary_token + "\n")
         self.env_token = token("hostenv")
+        # it dies with the audit (pdeathsig), even when the audit is SIGKILLed
+        pdeath = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
         self.canary_proc = subprocess.Popen(
-            ["sleep", "3600"],
+            [*pdeath, "sleep", "3600"],
             env={"PATH": "/usr/bin:/bin", "RBX_AUDIT_HOST_SECRET": self.env_token},
             start_new_session=True,
         )
+        owner = {
+            "canary_pid": self.canary_proc.pid,
+            "canary_started": leftovers.start_time(self.canary_proc.pid),
+        }
+        leftovers.write_owner(self.canary_dir, **owner)
         self.loopback_token = token("loopback")
         lb_tok = self.loopback_token.encode() + b"\n"
 
@@ -266,6 +277,9 @@ class AuditContext:
                 f"/run/netns/{self.netns.netns}",
                 f"/sys/class/net/{self.netns.host_if}",
             ]
+            leftovers.write_owner(
+                self.canary_dir, **owner, netns=self.netns.netns, host_if=self.netns.host_if
+            )
         except (ProbeError, OSError) as exc:
             self.netns_error = str(exc)
 

@@ -55,6 +55,13 @@ def cleanup(home: Home, dry_run: bool = False, problems: list[str] | None = None
     except (RollboxError, OSError) as exc:
         if problems is not None:
             problems.append(f"metadata store: {exc}")
+    try:  # canaries, netns and scratch dirs of a killed `rollbox audit`
+        from rollbox.audit.leftovers import sweep
+
+        lines += sweep(home, dry_run)
+    except OSError as exc:
+        if problems is not None:
+            problems.append(f"audit leftovers: {exc}")
     if home.tmp.is_dir():
         now = time.time()
         for entry in sorted(home.tmp.iterdir()):
