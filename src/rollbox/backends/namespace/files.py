@@ -312,11 +312,18 @@ class RootFiles:
         finally:
             os.close(rfd)
         for name in names:
-            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            try:
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+                text = os.readlink(name, dir_fd=dirfd) if stat.S_ISLNK(st.st_mode) else ""
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # removed while copying (as cp -r: it vanished)
+            except OSError as exc:
+                if exc.errno == errno.EINVAL:  # no longer a link: replaced while copying
+                    continue
+                raise
             target = dest / name
             sub_where = posixpath.join(where, name)
             if stat.S_ISLNK(st.st_mode):
-                text = os.readlink(name, dir_fd=dirfd)
                 rel_text = in_tree_text(sub_where, text, top)
                 _replace_link(target)
                 if rel_text is not None:
@@ -332,7 +339,10 @@ class RootFiles:
                 self._link_content(rootfd, pointed, target, top, links, seen)
             elif stat.S_ISDIR(st.st_mode):
                 target.mkdir(exist_ok=True)
-                sub = openat2(dirfd, name, os.O_PATH | os.O_DIRECTORY)
+                try:
+                    sub = openat2(dirfd, name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+                except OSError as exc:
+                    raise _translate(exc, sub_where) from None
                 try:
                     self._download_tree(rootfd, sub, target, sub_where, top, links, seen)
                 finally:
