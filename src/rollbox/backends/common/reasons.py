@@ -152,17 +152,17 @@ def tracked(
             note(self, ["ttl_expired"])
             raise expired_error(info)
         try:
-            run = fn(self, *args, **kwargs)
             # The reaper destroys the sandbox at its TTL; should it be late (busy, or not
             # started yet), the command ends at the TTL all the same.
-            result = await (run if left is None else asyncio.wait_for(run, left + TTL_GRACE_S))
+            async with asyncio.timeout(None if left is None else left + TTL_GRACE_S):
+                result = await fn(self, *args, **kwargs)
         except ExecTimeoutError as exc:
             note(self, exc.reasons)
             raise
         except SandboxExpiredError:
             note(self, ["ttl_expired"])
             raise
-        except TimeoutError:  # our wait_for above (ExecTimeoutError is handled before)
+        except TimeoutError:  # our deadline above (ExecTimeoutError is handled before)
             note(self, ["ttl_expired"])
             raise expired_error(info) from None
         except (BackendError, OSError) as exc:
