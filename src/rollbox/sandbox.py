@@ -264,7 +264,35 @@ class AsyncSandbox:
         isolate: IsolatedExec | None = None,
     ) -> ExecResult:
         """Run a command; see :meth:`SandboxHandle.exec`. A non-zero exit is a result,
-        not an exception."""
+        not an exception.
+
+        Raises:
+            asyncio.CancelledError: the caller was cancelled (the command's process tree
+                is killed), also when the cancellation raced with the command's end.
+        """
+        task = asyncio.current_task()
+        pending = task.cancelling() if task is not None else 0
+        result = await self._exec(
+            cmd, cwd, env, stdin, timeout, user, on_stdout, on_stderr, isolate
+        )
+        if task is not None and task.cancelling() > pending:
+            # Python 3.11's wait_for returns a result that raced with a cancellation and
+            # drops the cancellation; the caller must still see it.
+            raise asyncio.CancelledError
+        return result
+
+    async def _exec(
+        self,
+        cmd: list[str] | str,
+        cwd: str | None,
+        env: dict[str, str] | None,
+        stdin: bytes | str | None,
+        timeout: float | None,
+        user: str | None,
+        on_stdout: OutputCallback | None,
+        on_stderr: OutputCallback | None,
+        isolate: IsolatedExec | None,
+    ) -> ExecResult:
         if isolate is None:  # backends without the parameter (test doubles) keep working
             return await self._handle.exec(
                 cmd,

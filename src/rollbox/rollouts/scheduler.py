@@ -59,9 +59,16 @@ async def run_pool(
         asyncio.CancelledError: the caller was cancelled (every worker unwound).
     """
     it = iter(items)
+    parent = asyncio.current_task()
 
     async def work() -> None:
+        me = asyncio.current_task()
         for item in it:
+            # Python 3.11's wait_for can swallow a cancellation that races with the awaited
+            # result: a worker then goes on. A pending cancellation of the pool or of the
+            # worker still shows in cancelling(): stop pulling work then.
+            if (parent is not None and parent.cancelling()) or (me is not None and me.cancelling()):
+                raise asyncio.CancelledError
             await worker(item)
 
     async with asyncio.TaskGroup() as tg:

@@ -89,3 +89,32 @@ def test_size_cap() -> None:
         check_size(6, 5)
     with pytest.raises(InvalidInputError, match="at least 1"):
         check_size(1, 0)
+
+
+def test_pool_stops_even_when_a_worker_swallows_its_cancellation() -> None:
+    """Python 3.11's wait_for returns the inner result and drops the cancellation when both
+    happen at once; a worker that lost its cancellation must still stop pulling work."""
+    started = asyncio.Event()
+    release = asyncio.Event()
+    taken: list[int] = []
+
+    async def worker(i: int) -> None:
+        taken.append(i)
+        started.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            pass  # swallowed, as the wait_for race does
+
+    async def main() -> bool:
+        task = asyncio.create_task(run_pool(iter(range(100_000)), worker, 4))
+        await started.wait()
+        await asyncio.sleep(0)
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=2)
+        release.set()  # (when the pool went on: let it run out so the loop can close)
+        await asyncio.wait({task})
+        return bool(done) and task.cancelled()
+
+    assert asyncio.run(main()), "the pool went on pulling work after its cancellation"
+    assert len(taken) == 4  # no worker took another item after the cancellation
