@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from collections import Counter
 from collections.abc import Callable
@@ -86,8 +87,9 @@ def _stores(db: str | None) -> tuple[Home, Any, Any]:
 async def _with_signals(coro: Any, stoppable: Callable[[], bool] = lambda: True) -> Any:
     """Run ``coro``; the first SIGINT or SIGTERM cancels it (clean teardown), once.
 
-    Later signals are ignored: a second cancellation would cut short the teardown the first
-    one started (sandboxes destroyed, records saved ``interrupted``). A signal that arrives
+    A second signal only says what is going on: a second cancellation would cut short the
+    teardown the first one started (sandboxes destroyed, records saved ``interrupted``); a
+    third exits at once (what is left is ``rollbox cleanup``'s). A signal that arrives
     once ``stoppable()`` is False (every rollout already final) is ignored too: the run
     finishes and is reported as usual.
     """
@@ -96,10 +98,18 @@ async def _with_signals(coro: Any, stoppable: Callable[[], bool] = lambda: True)
     fired: list[int] = []
 
     def on_signal(sig: int) -> None:
-        if fired or task is None or not stoppable():
+        if task is None or not stoppable():
             return
         fired.append(sig)
-        task.cancel()
+        if len(fired) == 1:
+            task.cancel()
+        elif len(fired) == 2:
+            err_console.print(
+                "stopping: destroying sandboxes and saving records; "
+                "a third signal abandons them (then run `rollbox cleanup`)"
+            )
+        else:
+            os._exit(130)  # the user insists: owner-pid and TTL let cleanup finish the job
 
     installed = []
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -307,3 +307,29 @@ def test_signal_during_create(linked_home: Home, tmp_path: Path, naive: bool) ->
         assert _store_problems(meta, home) == []
         # the sandboxes made while cancelled are named by their records
         assert any(r.sandbox_ids for r in meta.rollouts_of(meta.list_runs()[0].id))
+
+
+def test_a_second_signal_does_not_cut_the_teardown_short(linked_home: Home, tmp_path: Path) -> None:
+    home = linked_home
+    task = write_task(tmp_path / "tasks", "slow", solve="sleep 60")
+    meta = MetaStore(None, home=home)
+    proc = _start(home, str(task), "--attempts", "4", "--concurrency", "4")
+    try:
+        deadline = time.monotonic() + 60
+        while not (meta.list_runs() and meta.count_rollouts(meta.list_runs()[0].id).get("running")):
+            assert time.monotonic() < deadline, "the run never got going"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    assert "stopping:" in err
+    assert not _settle(home)
+    assert _store_problems(meta, home) == []
+    recs = meta.rollouts_of(meta.list_runs()[0].id)
+    assert recs and all(r.status == "interrupted" for r in recs)
+    assert all([p.phase for p in r.phases][-2:] == ["teardown", "interrupted"] for r in recs)
