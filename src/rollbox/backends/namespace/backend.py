@@ -303,12 +303,15 @@ class NamespaceBackend(Backend):
 
                 ensure_reaper(self.home)
             return handle
-        except BaseException:
+        except BaseException as exc:
             if lsock is not None:
                 lsock.close()
             if ready_r >= 0:
                 os.close(ready_r)
-            self._teardown(info)
+            try:
+                self._teardown(info)
+            except BackendError as left:  # the create's own error stays the one raised
+                exc.add_note(f"and its teardown failed: {left}")
             raise
 
     def version_cached(self) -> str:
