@@ -179,6 +179,10 @@ class Cgroup:
         """
         raise NotImplementedError
 
+    def clear_cpu_limit(self) -> None:
+        """Remove the cpu quota (``apply`` with ``cpus`` sets it again)."""
+        raise NotImplementedError
+
     def child(
         self,
         name: str,

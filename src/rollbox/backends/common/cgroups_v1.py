@@ -131,6 +131,10 @@ class CgroupV1(Cgroup):
         if limits.pids is not None:
             _write(self.paths["pids"] / "pids.max", str(limits.pids))
 
+    def clear_cpu_limit(self) -> None:
+        """``cpu.cfs_quota_us = -1``."""
+        _write(self.paths["cpu"] / "cpu.cfs_quota_us", "-1")
+
     def child(
         self,
         name: str,

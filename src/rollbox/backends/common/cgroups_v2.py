@@ -274,6 +274,11 @@ class CgroupV2(Cgroup):
         if limits.pids is not None:
             self._limit("pids.max", str(limits.pids))
 
+    def clear_cpu_limit(self) -> None:
+        """``cpu.max = max`` (when the cpu controller is on here)."""
+        if (self.dir / "cpu.max").exists():
+            self._limit("cpu.max", f"max {CPU_PERIOD_US}")
+
     def child(
         self,
         name: str,

@@ -206,8 +206,7 @@ class GVisorBackend(NamespaceBackend):
         cg.apply(host_limits.model_copy(update={"cpus": None}))
         # runsc's boot (Go runtime, gofer, sentry) runs unthrottled; the quota applies
         # from the moment the sandbox can run anything of the user's.
-        quota = cg.paths["cpu"] / "cpu.cfs_quota_us"
-        quota.write_text("-1")
+        cg.clear_cpu_limit()
         tmp = sdir / "rootfs" / "tmp"
         if not tmp.is_dir() and not tmp.is_symlink():
             tmp.mkdir(mode=0o1777)
