@@ -257,14 +257,21 @@ def test_files_stay_beneath_the_root(agent: Agent, tmp_path: Path) -> None:
     fr = agent.frames(21)
     assert b"".join(p for k, p in fr if k == T_DATA) == b"hello world"
     assert [k for k, _ in fr[-2:]] == [T_EOF, T_JSON] and json.loads(fr[-1][1]) == {"id": 21}
-    # an absolute symlink may not lead out of the root (RESOLVE_BENEATH)
+    # chroot semantics (RESOLVE_IN_ROOT): an absolute link starts at the agent's root and
+    # ".." stops there (this agent's root is the host's /; in a guest, the guest's)
     (tmp_path / "abs").symlink_to("/etc")
-    esc = agent.call(id=22, op="read_file", path=str(tmp_path / "abs" / "hostname"))
-    assert esc["error"] == {"type": "escape", "message": str(tmp_path / "abs" / "hostname")}
-    agent.send(jframe({"id": 23, "op": "write_file", "path": str(tmp_path / "abs" / "x" / "y")}))
+    (tmp_path / "up").symlink_to("../" * 40 + "etc")
+    hostname = Path("/etc/hostname").read_bytes()
+    for rid, link in ((22, "abs"), (28, "up")):
+        path = str(tmp_path / link / "hostname")
+        agent.send(jframe({"id": rid, "op": "read_file", "path": path}))
+        assert b"".join(p for k, p in agent.frames(rid) if k == T_DATA) == hostname
+    (tmp_path / "real").mkdir()
+    (tmp_path / "abs2").symlink_to(tmp_path / "real")
+    agent.send(jframe({"id": 23, "op": "write_file", "path": str(tmp_path / "abs2" / "x" / "y")}))
     agent.send(frame(T_DATA, 23, b"data") + frame(T_EOF, 23, b""))
-    assert json.loads(agent.frames(23)[-1][1])["error"]["type"] == "escape"
-    assert not Path("/etc/x").exists()
+    assert json.loads(agent.frames(23)[-1][1]) == {"id": 23}
+    assert (tmp_path / "real" / "x" / "y").read_bytes() == b"data"
     missing = agent.call(id=24, op="read_file", path=str(tmp_path / "nope"))
     assert missing["error"]["type"] == "not_found"
     assert agent.call(id=25, op="read_file", path=str(tmp_path))["error"]["type"] == "is_dir"
