@@ -2029,6 +2029,13 @@ static void op_exec(int64_t rid, const JVal *req) {
     const char *cwd = jstr(req, "cwd");
     const JVal *priv = jget(req, "private");
     int saved_root = -1, saved_ns = -1, collect_fd = -1;
+    if (priv && test_mode) {
+        /* on the host, kill(-1) and mounts would act on the host itself */
+        reply_error(rid, "agent", "private execs are refused in --fd test mode");
+        free(argv);
+        free_strv(envp);
+        return;
+    }
     if (priv && priv->t == J_OBJ) {
         if (jtruthy(jget(priv, "kill_others"))) kill_others();
         const JVal *fresh = jget(priv, "fresh");
