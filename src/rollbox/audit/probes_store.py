@@ -6,6 +6,7 @@ import asyncio
 import os
 import shutil
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from rollbox.audit import scripts
 from rollbox.audit.context import AuditContext, ProbeError
 from rollbox.audit.registry import Outcome, probe, verdict
 from rollbox.config import Home
-from rollbox.errors import RollboxError
+from rollbox.errors import NotFoundError, RollboxError
 
 RACE_DIR = "/root/rbx-race"
 ENOUGH_TRANSFERS = 60
@@ -78,6 +79,18 @@ async def symlink_race(ctx: AuditContext) -> Outcome:
     scratch = Path(tempfile.mkdtemp(prefix=f"rbx-audit-{ctx.home.tag}-dl-"))
     try:
         await asyncio.sleep(0.3)
+        # precondition: a transfer works at all while the race runs (a control file the
+        # swapper writes once and never touches); the raced transfers may all lose
+        control: str | None = None
+        deadline = time.monotonic() + 30
+        while control is None and not swapper.done() and time.monotonic() < deadline:
+            try:
+                await a.files.download(RACE_DIR + "/benign", scratch / "control")
+                control = (scratch / "control").read_text()
+            except NotFoundError:
+                await asyncio.sleep(0.2)
+        if control != "benign\n":
+            raise ProbeError(f"a control download during the race failed (got {control!r})")
         i = 0
         while not swapper.done():
             if sum(outcomes.values()) >= ENOUGH_TRANSFERS:
@@ -117,7 +130,7 @@ async def symlink_race(ctx: AuditContext) -> Outcome:
         if not swapper.done():
             swapper.cancel()
         shutil.rmtree(scratch, ignore_errors=True)
-    if swaps == 0 or sum(outcomes.values()) < 10 or outcomes["ok"] == 0:
+    if swaps == 0 or sum(outcomes.values()) < 10:
         raise ProbeError(f"race did not run ({swaps} swaps, {dict(outcomes)} transfers)")
     breaches = []
     if leaks:

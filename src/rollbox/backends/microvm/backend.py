@@ -521,6 +521,34 @@ class MicroVMSandbox(SandboxHandle):
         if depth > 40:  # as the kernel's ELOOP: links (content mode) leading round
             raise PathEscapeError(f"{p}: too many levels of symlinks in the sandbox")
         self._usable()
+        async with self._session() as ch:
+            st = await ch.call("stat", path=p)  # lstat in the guest: C, no helper process
+        if "error" in st:
+            _raise_agent_error(st["error"], p)
+        if not st.get("exists"):
+            raise NotFoundError(f"no such file in the sandbox: {p}")
+        if st.get("link"):  # follow it inside the sandbox (the guest's own root)
+            await self._download(str(st["realpath"]), dest, links, depth + 1)
+            return
+        if st.get("reg"):  # a single file: read by the C agent, no tar helper
+            buf = bytearray()
+            await self._fetch("read_file", p, buf.extend)
+            if dest.is_dir() and not dest.is_symlink():
+                dest = dest / posixpath.basename(p)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if dest.is_symlink():  # never write through a host link
+                dest.unlink()
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            try:
+                view = memoryview(buf)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fchmod(fd, int(st.get("mode", 0o644)) & 0o777)
+            finally:
+                os.close(fd)
+            return
+        if not st.get("dir") and "reg" in st:  # ("reg" missing: an agent from before it)
+            raise InvalidInputError(f"{p} is not a regular file or directory in the sandbox")
         self.home.tmp.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=self.home.tmp) as f:
             await self._fetch("get_tar", p, f.write)

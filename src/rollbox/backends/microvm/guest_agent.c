@@ -2189,6 +2189,8 @@ static void op_stat(int64_t rid, const JVal *req) {
     jo_bool(&o, "exists", 1);
     jo_bool(&o, "dir", S_ISDIR(st.st_mode));
     jo_bool(&o, "link", S_ISLNK(st.st_mode));
+    jo_bool(&o, "reg", S_ISREG(st.st_mode));
+    jo_int(&o, "mode", st.st_mode & 07777);
     jo_str(&o, "realpath", real);
     jo_send(&o);
 }
