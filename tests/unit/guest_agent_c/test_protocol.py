@@ -277,7 +277,12 @@ def test_files_stay_beneath_the_root(agent: Agent, tmp_path: Path) -> None:
     assert missing["error"]["type"] == "not_found"
     assert agent.call(id=25, op="read_file", path=str(tmp_path))["error"]["type"] == "is_dir"
     st = agent.call(id=26, op="stat", path=str(tmp_path / "abs"))
-    assert st == {"id": 26, "exists": True, "dir": False, "link": True, "realpath": "/etc"}
+    assert st == {
+        "id": 26, "exists": True, "dir": False, "link": True, "reg": False, "mode": 0o777,
+        "realpath": "/etc",
+    }  # fmt: skip
+    st = agent.call(id=29, op="stat", path=str(target))
+    assert st["reg"] is True and st["mode"] == 0o640 and not st["link"]
     assert agent.call(id=27, op="stat", path=str(tmp_path / "nope")) == {"id": 27, "exists": False}
 
 
