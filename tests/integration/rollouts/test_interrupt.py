@@ -29,12 +29,17 @@ from .hostleaks import home_leftovers
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 ROLLBOX = str(Path(sys.executable).with_name("rollbox"))
-DELAYS = (0.2, 0.6, 1.0, 1.5, 2.2, 3.0)
+# (what the delay counts from, seconds): "start" = process start (lands during start-up),
+# "run" = the run record exists (start-up over: creates, agents, teardowns, the end)
+DELAYS = (("start", 0.3), ("run", 0.0), ("run", 0.3), ("run", 0.8), ("run", 1.5), ("run", 3.0))
+GVISOR_DELAYS = (("run", 0.2), ("run", 1.5))
 
 
-def _start(home: Home, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def _start(
+    home: Home, *args: str, env: dict[str, str] | None = None, backend: str = "namespace"
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [ROLLBOX, "run", *args, "--backend", "namespace", "--json"],
+        [ROLLBOX, "run", *args, "--backend", backend, "--json"],
         env={**os.environ, "ROLLBOX_HOME": str(home.root), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -79,28 +84,54 @@ def _settle(home: Home, timeout: float = 5.0) -> list[str]:
         time.sleep(0.1)
 
 
-def test_interrupt_at_many_delays_leaves_nothing(linked_home: Home, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("backend", "delays"),
+    [("namespace", DELAYS), ("gvisor", GVISOR_DELAYS)],
+    ids=["namespace", "gvisor"],
+)
+def test_interrupt_at_many_delays_leaves_nothing(
+    linked_home: Home, tmp_path: Path, backend: str, delays: tuple[tuple[str, float], ...]
+) -> None:
     home = linked_home
+    if backend != "namespace":
+        from requirebackends import backend_unavailable
+        from rollbox.backends.registry import get_backend
+        from rollbox.errors import BackendUnavailableError
+
+        try:
+            get_backend(backend, home).prepare()
+        except BackendUnavailableError as exc:
+            backend_unavailable(backend, exc)
     tasks = [
         write_task(tmp_path / "tasks", name, solve=f"sleep {pause}; echo done > /tmp/out.txt")
         for name, pause in (("quick", "0.1"), ("slower", "0.6"))
     ]
     meta = MetaStore(None, home=home)
-    outcomes: list[tuple[str, float, int, str]] = []
+    outcomes: list[tuple[str, str, int, str]] = []
     t0 = time.monotonic()
-    for delay in DELAYS:
+    for since, pause in delays:
+        delay = f"{since}+{pause}"
         for sig in (signal.SIGINT, signal.SIGTERM):
             runs_before = {r.id for r in meta.list_runs()}
-            proc = _start(home, *map(str, tasks), "--attempts", "8", "--concurrency", "4")
+            proc = _start(
+                home, *map(str, tasks), "--attempts", "8", "--concurrency", "4", backend=backend
+            )
             try:
-                time.sleep(delay)
+                if since == "run":
+                    deadline = time.monotonic() + 60
+                    while proc.poll() is None and not [
+                        r for r in meta.list_runs() if r.id not in runs_before
+                    ]:
+                        assert time.monotonic() < deadline, "the run never started"
+                        time.sleep(0.02)
+                time.sleep(pause)
                 proc.send_signal(sig)
                 out, err = proc.communicate(timeout=60)
             finally:
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
             new = [r for r in meta.list_runs() if r.id not in runs_before]
-            if not new and proc.returncode == -sig:
+            if not new and proc.returncode in (-sig, 130):
                 # killed while Python was still importing rollbox: nothing had started
                 outcomes.append((sig.name, delay, proc.returncode, "-"))
                 assert not _settle(home)
@@ -333,3 +364,48 @@ def test_a_second_signal_does_not_cut_the_teardown_short(linked_home: Home, tmp_
     recs = meta.rollouts_of(meta.list_runs()[0].id)
     assert recs and all(r.status == "interrupted" for r in recs)
     assert all([p.phase for p in r.phases][-2:] == ["teardown", "interrupted"] for r in recs)
+
+
+# Closing the run (summary, cleanup check, final record) lingers 2 s: a signal sent once every
+# rollout is final surely lands while the run is still open.
+SLOW_CLOSE = """
+import asyncio
+from rollbox.rollouts.runs import Run
+_orig = Run._close
+async def _slow(self, *a, **k):
+    await asyncio.sleep(2.0)
+    return await _orig(self, *a, **k)
+Run._close = _slow
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["int", "term"])
+def test_signal_after_every_rollout_finished_exits_0(
+    linked_home: Home, tmp_path: Path, sig: signal.Signals
+) -> None:
+    home = linked_home
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_CLOSE)
+    task = write_task(tmp_path / "tasks", "t")
+    meta = MetaStore(None, home=home)
+    proc = _start(home, str(task), "--attempts", "2", env={"PYTHONPATH": str(site)})
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # both rollouts final, the process still closing the run
+            runs = meta.list_runs()
+            counts = meta.count_rollouts(runs[0].id) if runs else {}
+            if counts.get("done", 0) + counts.get("failed", 0) == 2:
+                break
+            assert time.monotonic() < deadline and proc.poll() is None, counts
+            time.sleep(0.05)
+        assert proc.poll() is None
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-2000:]
+    assert json.loads(out)["status"] == "done"
+    assert meta.list_runs()[0].status == "done"
+    assert not _settle(home)
