@@ -1,6 +1,5 @@
 """A run: tasks × attempts, with bounded concurrency, infra-only retries, groups and resume.
 
-Rollouts fan out under an :class:`asyncio.Semaphore` inside an :class:`asyncio.TaskGroup`.
 A rollout that ends in ``infra_error`` is retried (up to ``retries`` times) in a fresh sandbox;
 the failed attempt's record is kept and linked both ways (``retry_of`` / ``retried_by``).
 Task, agent and verifier failures are never retried: they are results.
@@ -827,45 +826,41 @@ async def repro_run(
     runners: dict[str, RolloutRunner] = {}
     asyncio.get_running_loop().set_default_executor(executor_for(concurrency))
     scratch = scratch_dir(home)
-    sem = asyncio.Semaphore(max(1, concurrency))
     items: list[ReproItem] = []
 
     async def one(orig: RolloutRecord) -> None:
-        async with sem:
-            try:
-                task = load_task(extract_task(blobs, orig, scratch))
-                agent = parse_agent(orig.agent)
-            except RollboxError as exc:
-                items.append(ReproItem(orig, None, False, False, [f"cannot replay: {exc}"]))
-                return
-            backend = orig.backend or run.backend
-            runner = runners.get(backend)
-            if runner is None:
-                runner = runners[backend] = RolloutRunner(
-                    home, meta, blobs, run_id=run.id, backend=backend, on_update=events.on_rollout
-                )
-            assert orig.baseline_digest is not None
-            plan = RolloutPlan(
-                task=task,
-                attempt=orig.attempt,
-                agent=agent,
-                baseline=orig.baseline_digest,
-                seed=orig.seed or 0,
-                group_id=orig.group_id,
-                setup_in_baseline=orig.group_id is not None,
-                extra={"repro_of": orig.id},
+        try:
+            task = load_task(extract_task(blobs, orig, scratch))
+            agent = parse_agent(orig.agent)
+        except RollboxError as exc:
+            items.append(ReproItem(orig, None, False, False, [f"cannot replay: {exc}"]))
+            return
+        backend = orig.backend or run.backend
+        runner = runners.get(backend)
+        if runner is None:
+            runner = runners[backend] = RolloutRunner(
+                home, meta, blobs, run_id=run.id, backend=backend, on_update=events.on_rollout
             )
-            rec = await runner.run(plan)
-            item = compare(orig, rec)
-            if task.digest != orig.task_digest:
-                item.differences.insert(0, "task copy digest differs from the recorded one")
-            items.append(item)
+        assert orig.baseline_digest is not None
+        plan = RolloutPlan(
+            task=task,
+            attempt=orig.attempt,
+            agent=agent,
+            baseline=orig.baseline_digest,
+            seed=orig.seed or 0,
+            group_id=orig.group_id,
+            setup_in_baseline=orig.group_id is not None,
+            extra={"repro_of": orig.id},
+        )
+        rec = await runner.run(plan)
+        item = compare(orig, rec)
+        if task.digest != orig.task_digest:
+            item.differences.insert(0, "task copy digest differs from the recorded one")
+        items.append(item)
 
     status = "done"
     try:
-        async with asyncio.TaskGroup() as tg:
-            for orig in originals:
-                tg.create_task(one(orig))
+        await run_pool(originals, one, max(1, concurrency))
     except BaseException:
         status = "interrupted"
         raise
