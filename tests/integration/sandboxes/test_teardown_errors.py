@@ -14,12 +14,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from rollbox.backends.base import Backend
 from rollbox.backends.registry import get_backend
 from rollbox.backends.state import read_state, sandbox_dir, write_state
 from rollbox.config import Home
@@ -55,16 +56,21 @@ def _cleanup(home: Home) -> tuple[int, dict[str, object]]:
     return out.returncode, json.loads(out.stdout)
 
 
-def _create(home: Home, baseline: BaselineInfo, ttl: float | None = None) -> AsyncSandbox:
-    return asyncio.run(
-        AsyncSandbox.create(baseline.digest, backend="namespace", ttl=ttl, home=home)
-    )
+def _create(
+    home: Home, baseline: BaselineInfo, ttl: float | None = None, backend: str = "namespace"
+) -> AsyncSandbox:
+    return asyncio.run(AsyncSandbox.create(baseline.digest, backend=backend, ttl=ttl, home=home))
 
 
-def test_namespace_destroy_and_cleanup_report_what_stayed(
-    sbx_home: Home, dev_baseline: BaselineInfo
+@pytest.mark.parametrize("backend", ["namespace", "gvisor"])
+def test_destroy_and_cleanup_report_what_stayed(
+    sbx_home: Home,
+    dev_baseline: BaselineInfo,
+    backend: str,
+    backend_or_skip: Callable[[str], Backend],
 ) -> None:
-    sbx = _create(sbx_home, dev_baseline)
+    backend_or_skip(backend)
+    sbx = _create(sbx_home, dev_baseline, backend=backend)
     sdir = sandbox_dir(sbx_home, sbx.id)
     with immutable(sdir / "state.json"):
         with pytest.raises(TeardownError) as err:
