@@ -330,6 +330,9 @@ async def file_copy_links(t: Harness) -> None:
         await h.download("/tmp/l2", out / "l2")
         check(not (out / "l2").is_symlink(), "a download made a host symlink")
         check((out / "l2").read_text() == f"{token}\n", "a link to a file inside not followed")
+        (out / "into").mkdir()  # an existing directory: the file lands in it, by its name
+        await h.download("/tmp/l2", out / "into")
+        check((out / "into" / "l2").read_text() == f"{token}\n", "download into a directory")
         await h.download("/tmp/up", out / "up")
         check(not (out / "up").is_symlink(), "a download made a host symlink")
         check((out / "up").read_text() == own_hostname, "../../.. was not clamped at the root")

@@ -515,9 +515,11 @@ class MicroVMSandbox(SandboxHandle):
         """Copy a file or tree out; the contract of :mod:`~rollbox.backends.common.copylinks`
         (the guest resolves paths with chroot semantics; the host rewrites or refuses links
         in the extracted tree before anything reaches ``dest``)."""
-        await self._download(normalize(src), dest, links, 0)
+        p = normalize(src)
+        await self._download(p, dest, links, 0, posixpath.basename(p) or "root")
 
-    async def _download(self, p: str, dest: Path, links: LinkPolicy, depth: int) -> None:
+    async def _download(self, p: str, dest: Path, links: LinkPolicy, depth: int, name: str) -> None:
+        """``name``: what ``src`` is called (a link's own name, not its target's)."""
         if depth > 40:  # as the kernel's ELOOP: links (content mode) leading round
             raise PathEscapeError(f"{p}: too many levels of symlinks in the sandbox")
         self._usable()
@@ -528,13 +530,13 @@ class MicroVMSandbox(SandboxHandle):
         if not st.get("exists"):
             raise NotFoundError(f"no such file in the sandbox: {p}")
         if st.get("link"):  # follow it inside the sandbox (the guest's own root)
-            await self._download(str(st["realpath"]), dest, links, depth + 1)
+            await self._download(str(st["realpath"]), dest, links, depth + 1, name)
             return
         if st.get("reg"):  # a single file: read by the C agent, no tar helper
             buf = bytearray()
             await self._fetch("read_file", p, buf.extend)
             if dest.is_dir() and not dest.is_symlink():
-                dest = dest / posixpath.basename(p)
+                dest = dest / name
             dest.parent.mkdir(parents=True, exist_ok=True)
             if dest.is_symlink():  # never write through a host link
                 dest.unlink()
@@ -561,18 +563,18 @@ class MicroVMSandbox(SandboxHandle):
                 item = Path(stage) / entries[0]
                 if item.is_symlink():  # src itself is a link: follow it inside the sandbox
                     pointed = resolve_lexically(p, os.readlink(item))
-                    await self._download(pointed, dest, links, depth + 1)
+                    await self._download(pointed, dest, links, depth + 1, name)
                     return
                 if item.is_dir():
                     await self._fix_links(item, p, p, links, depth)
                 if dest.is_dir() and not dest.is_symlink() and item.is_dir():
-                    dest = dest / item.name if dest.exists() and any(dest.iterdir()) else dest
+                    dest = dest / name if dest.exists() and any(dest.iterdir()) else dest
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 if item.is_dir():
                     shutil.copytree(item, dest, symlinks=True, dirs_exist_ok=True)
                 else:
                     if dest.is_dir() and not dest.is_symlink():
-                        dest = dest / item.name
+                        dest = dest / name
                     if dest.is_symlink():  # never write through a host link
                         dest.unlink()
                     os.replace(item, dest) if not dest.exists() else shutil.move(item, dest)
@@ -599,7 +601,11 @@ class MicroVMSandbox(SandboxHandle):
                 else:
                     with contextlib.suppress(NotFoundError):  # a dangling link is left out
                         await self._download(
-                            resolve_lexically(sub, text), Path(entry.path), links, depth + 1
+                            resolve_lexically(sub, text),
+                            Path(entry.path),
+                            links,
+                            depth + 1,
+                            entry.name,
                         )
             elif entry.is_dir(follow_symlinks=False):
                 await self._fix_links(Path(entry.path), sub, top, links, depth)

@@ -264,6 +264,8 @@ class RootFiles:
                     dest.mkdir(parents=True, exist_ok=True)
                     self._download_tree(rootfd, fd, dest, "/" + rel, "/" + rel, links, set())
                 elif stat.S_ISREG(st.st_mode):
+                    if dest.is_dir() and not dest.is_symlink():  # as cp FILE DIR (and microvm)
+                        dest = dest / (posixpath.basename(rel) or "file")
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     _replace_link(dest)
                     self._copy_file_out(fd, "", dest, st.st_mode, src)
