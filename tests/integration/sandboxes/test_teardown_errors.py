@@ -2,8 +2,9 @@
 remove, on every backend; the TTL reaper logs its failures and ``rollbox cleanup`` shows them.
 
 The broken teardowns are real where the host allows it (an immutable file, ``chattr +i``,
-in the sandbox directory: nothing can delete it) and monkeypatched steps where it does not
-(a microVM's network and cgroup, a runsc container that will not go).
+in the sandbox directory of a real namespace, gVisor or microVM sandbox: nothing can delete
+it) and monkeypatched steps where it does not (a microVM's network and cgroup, a runsc
+container that will not go).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _create(
     return asyncio.run(AsyncSandbox.create(baseline.digest, backend=backend, ttl=ttl, home=home))
 
 
-@pytest.mark.parametrize("backend", ["namespace", "gvisor"])
+@pytest.mark.parametrize("backend", ["namespace", "gvisor", "microvm"])
 def test_destroy_and_cleanup_report_what_stayed(
     sbx_home: Home,
     dev_baseline: BaselineInfo,
