@@ -16,6 +16,7 @@ from rollbox.backends.microvm import MicroVMBackend
 from rollbox.errors import SandboxExpiredError
 from rollbox.models import BaselineInfo, Limits, SandboxSpec
 from rollbox.rollouts import runner as runner_mod
+from rollbox.rollouts.tasks import Task
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow]
 
@@ -105,12 +106,20 @@ def test_runner_blames_the_agent_in_a_vm(
         tmp, "vm-ttl", toml="[agent]\ntimeout_sec = 120\n[verifier]\ntimeout_sec = 60\n",
         solve="sleep 100\ntouch /tmp/done", test=test,
     )  # fmt: skip
+    forks = write_task(tmp, "vm-forks", toml="", solve=f"{FORKS}\ntouch /tmp/done", test=test)
+    # task.toml has no pids setting (Harbor has none): every sandbox of this run gets 32
+    limits = Task.limits
+    monkeypatch.setattr(Task, "limits", lambda self: limits(self).model_copy(update={"pids": 32}))
     meta = MetaStore(f"sqlite:///{tmp / 'db'}", home=home)
     blobs = BlobStore(home)
-    expect = {"vm-hog": "oom_killed", "vm-fill": "disk_full", "vm-ttl": "ttl_expired"}
-    opts = RunOptions(
-        task_dirs=[str(hog), str(fill), str(ttl)], backend="microvm", retries=2, concurrency=2
-    )
+    expect = {
+        "vm-hog": "oom_killed",
+        "vm-fill": "disk_full",
+        "vm-ttl": "ttl_expired",
+        "vm-forks": "pids_exhausted",
+    }
+    dirs = [str(d) for d in (hog, fill, ttl, forks)]
+    opts = RunOptions(task_dirs=dirs, backend="microvm", retries=2, concurrency=2)
     run = Run(home, meta, blobs, opts)
     run.start_new()
     result = asyncio.run(run.execute())
