@@ -49,6 +49,16 @@ def stopped(root: Path, name: str) -> Path:
     return d
 
 
+def separate(root: Path, name: str) -> Path:
+    """A copy of task ``name`` whose verifier runs in a separate sandbox."""
+    d = root / f"{name}-separate"
+    shutil.copytree(TASKS / name, d)
+    toml = d / "task.toml"
+    text = toml.read_text().replace(f'name = "{name}"', f'name = "{name}-separate"')
+    toml.write_text(text.replace("[verifier]\n", '[verifier]\nenvironment_mode = "separate"\n'))
+    return d
+
+
 def final(recs: list[RolloutRecord]) -> dict[str, RolloutRecord]:
     return {r.task_name: r for r in recs if r.retried_by is None}
 
@@ -64,9 +74,10 @@ def test_forged_rewards_do_not_pass_and_agent_servers_still_serve(
 ) -> None:
     dirs = [TASKS / n for n in [*FORGED, "agent-server", "agent-leftover"]]
     dirs += [stopped(tmp_path, n) for n in ["agent-server", "agent-leftover", *FORGED]]
+    dirs.append(separate(tmp_path, "forged-prewritten"))
     run, recs = runs.run(dirs, agent="oracle", backend_override=backend)
     by = final(recs)
-    assert len(by) == 10, sorted(by)
+    assert len(by) == 11, sorted(by)
     private = backend != "gvisor"
     for name, r in by.items():
         assert r.verifier is not None, (name, r.error)
@@ -79,15 +90,19 @@ def test_forged_rewards_do_not_pass_and_agent_servers_still_serve(
     assert pre.status == "failed" and pre.error_kind == "verifier", pre.error
     assert "wrote no reward" in (pre.verifier.error or "") and "exited 3" in pre.verifier.error
     assert not [a for a in pre.artifacts if a.name.startswith("/logs/verifier/")]
-    # its planted program under /usr is listed, and the report counts it (and its copy's)
+    # the same in separate mode: the snapshot carries the forged file, the verifier never sees it
+    sep = by["forged-prewritten-separate"]
+    assert sep.verifier is not None and sep.verifier.mode == "separate"
+    assert sep.verifier.passed is None and "wrote no reward" in (sep.verifier.error or "")
+    # its planted program under /usr is listed, and the report counts it (and its copies')
     assert pre.suspicious_changes == ["/usr/local/bin/rbx-planted"]
     assert not by["agent-server"].suspicious_changes  # /srv is not a system path
     summary = summarize(run, recs)
-    assert summary.suspicious_changes == 2 and summary.suspicious_rollouts == 2
+    assert summary.suspicious_changes == 3 and summary.suspicious_rollouts == 3
     console = Console(width=200, record=True, file=io.StringIO())
     console.print(render(summary))
     text = console.export_text()
-    assert "system files changed" in text and "2 paths in 2 rollouts" in text
+    assert "system files changed" in text and "3 paths in 3 rollouts" in text
     # the field is sealed by the provenance digest: an edit is caught by `rollbox verify`
     edited = pre.model_copy(update={"suspicious_changes": []})
     assert check(edited, runs.blobs) != []
