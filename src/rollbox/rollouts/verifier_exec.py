@@ -19,7 +19,8 @@ closes the latter, separate mode closes both.
 A backend that cannot give an exec its own mount namespace (gVisor here) gets the weaker
 path, recorded as ``verifier_isolation = "none"``: both directories emptied and the tests
 uploaded just before the command, then two tamper checks that catch interference but cannot
-prevent it: ``/tests`` must still hold exactly the uploaded files, and the reward files must
+prevent it: every uploaded file must still be in ``/tests`` unchanged (files added there are
+not judged: pytest writes ``__pycache__``), and the reward files must
 not change after the command ended (a process left running keeps writing them). A forger
 that writes once at the right moment gets past them; ``stop_agent_before_verify`` or
 separate mode does not leave it running.
@@ -168,7 +169,7 @@ async def _reward_moves(sbx: AsyncSandbox) -> str | None:
 async def _tests_changed(
     sbx: AsyncSandbox, expected: dict[str, tuple[int, bytes]], scratch: Path
 ) -> str | None:
-    """A message when ``/tests`` no longer holds exactly the uploaded files."""
+    """A message when a file uploaded to ``/tests`` changed or vanished."""
     dest = scratch / "tests"
     shutil.rmtree(scratch, True)
     scratch.mkdir(parents=True)
@@ -185,8 +186,9 @@ async def _tests_changed(
                 full = Path(dirpath) / name
                 rel = full.relative_to(dest).as_posix()
                 found[f"{TESTS_DIR}/{rel}"] = b"" if full.is_symlink() else full.read_bytes()
-        for path in sorted(set(found) | set(expected)):
-            if path not in expected or path not in found or found[path] != expected[path][1]:
+        # Only the uploaded files: test.sh may add its own (pytest's __pycache__, build output).
+        for path in sorted(expected):
+            if path not in found or found[path] != expected[path][1]:
                 return (
                     f"{path} changed while the verifier ran: a process the agent left running "
                     "altered the tests (set [rollbox] stop_agent_before_verify or use separate "

@@ -72,12 +72,12 @@ def test_forged_rewards_do_not_pass_and_agent_servers_still_serve(
     tmp_path: Path,
     no_leaks: Callable[[list[RolloutRecord]], dict[str, list[str]]],
 ) -> None:
-    dirs = [TASKS / n for n in [*FORGED, "agent-server", "agent-leftover"]]
+    dirs = [TASKS / n for n in [*FORGED, "agent-server", "agent-leftover", "verifier-writes-tests"]]
     dirs += [stopped(tmp_path, n) for n in ["agent-server", "agent-leftover", *FORGED]]
     dirs.append(separate(tmp_path, "forged-prewritten"))
     run, recs = runs.run(dirs, agent="oracle", backend_override=backend)
     by = final(recs)
-    assert len(by) == 11, sorted(by)
+    assert len(by) == 12, sorted(by)
     private = backend != "gvisor"
     for name, r in by.items():
         assert r.verifier is not None, (name, r.error)
@@ -124,6 +124,9 @@ def test_forged_rewards_do_not_pass_and_agent_servers_still_serve(
         assert "changed after the verifier ended" in (w.error or ""), w
         assert "/tests/test.sh changed while the verifier ran" in (c.verifier.error or "")
 
+    # files the verifier itself adds under /tests (pytest's __pycache__) are no tampering
+    own = by["verifier-writes-tests"]
+    assert own.status == "done" and own.verifier is not None and own.verifier.passed, own
     # a server the agent left running still answers the tests (Harbor's shared mode) ...
     srv = by["agent-server"]
     assert srv.status == "done" and srv.verifier is not None and srv.verifier.passed, srv
