@@ -65,14 +65,15 @@ if pid == 0:
         os.execvp("sleep", ["sleep", ARGS["seconds"]])
     os._exit(0)
 os.waitpid(pid, 0)
-time.sleep(0.2)
-mine = []
-for p in os.listdir("/proc"):
-    if p.isdigit():
-        try:
-            cl = open(f"/proc/{p}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-        except OSError: continue
-        if ARGS["seconds"] in cl: mine.append(int(p))
+mine, end = [], time.time() + 10  # the grandchild may take a while to exec (TCG guests)
+while not mine and time.time() < end:
+    time.sleep(0.1)
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                cl = open(f"/proc/{p}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+            except OSError: continue
+            if ARGS["seconds"] in cl: mine.append(int(p))
 out({"marker_pids": mine})
 """)
 
