@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -37,12 +38,50 @@ def _layer_tar(store: BaselineStore, digest: str) -> Path:
     return store.blob_path(layer.digest)
 
 
+def _bootstrap_as_another_machine(tmp_path: Path, home: Path) -> str:
+    """Bootstrap the default recipe in ``home`` from a process that sees another machine:
+    its own hostname, /etc/hostname and /etc/resolv.conf (what mmdebstrap copies in)."""
+    fake = tmp_path / "other-machine"
+    fake.mkdir()
+    (fake / "hostname").write_text("other-machine\n")
+    # modes differ between machines too (mmdebstrap's copies keep them)
+    host_mode = Path("/etc/hostname").stat().st_mode & 0o777
+    # other bytes, same working DNS (apt still has to reach the mirror)
+    real = Path("/etc/resolv.conf").read_text()
+    (fake / "resolv.conf").write_text(f"# other-machine\n{real}options timeout:3\n")
+    for name in ("hostname", "resolv.conf"):
+        (fake / name).chmod(0o664 if host_mode != 0o664 else 0o644)  # readable: apt needs DNS
+    code = (
+        "from pathlib import Path; from rollbox.config import Home; "
+        "from rollbox.baselines.store import BaselineStore; "
+        "from rollbox.baselines.builders.bootstrap import DEFAULT_RECIPE, bootstrap; "
+        f"store = BaselineStore(Home(Path({str(home)!r})).ensure()); "
+        "print(bootstrap(store, DEFAULT_RECIPE).digest)"
+    )
+    script = (
+        "set -e; mount --make-rprivate /; hostname other-machine; "
+        f"mount --bind {fake}/hostname /etc/hostname; "
+        f"mount --bind {fake}/resolv.conf /etc/resolv.conf; "
+        f'exec {sys.executable} -c "$0"'
+    )
+    proc = subprocess.run(
+        ["unshare", "--mount", "--uts", "sh", "-c", script, code],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
 def test_default_recipe_bootstraps_to_one_digest_in_two_homes(tmp_path: Path) -> None:
     a = BaselineStore(Home(tmp_path / "home-a").ensure())
     b = BaselineStore(Home(tmp_path / "home-b").ensure())
     info_a = bootstrap(a, DEFAULT_RECIPE)
-    info_b = bootstrap(b, DEFAULT_RECIPE)
-    assert info_a.digest == info_b.digest
+    digest_b = _bootstrap_as_another_machine(tmp_path, b.home.root)
+    assert info_a.digest == digest_b
+    info_b = b.resolve(digest_b)
     assert [ly.digest for ly in info_a.layers] == [ly.digest for ly in info_b.layers]
     with tarfile.open(_layer_tar(a, info_a.digest)) as tar:
         members = {m.name.removeprefix("./"): m for m in tar.getmembers()}
@@ -50,6 +89,7 @@ def test_default_recipe_bootstraps_to_one_digest_in_two_homes(tmp_path: Path) ->
         resolv = tar.extractfile(members["etc/resolv.conf"])
         assert hostname is not None and hostname.read() == b"rollbox\n"
         assert resolv is not None and resolv.read() == b""
+        assert members["etc/hostname"].mode == members["etc/resolv.conf"].mode == 0o644
     for path in MACHINE_SPECIFIC:
         assert path not in members or members[path].size == 0, path
     assert not [n for n in members if n.startswith("var/lib/apt/lists/") and "Release" in n]

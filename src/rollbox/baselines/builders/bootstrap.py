@@ -33,8 +33,10 @@ def _with_names(store: BaselineStore, info: BaselineInfo, names: list[str]) -> B
 MACHINE_NEUTRAL_HOOKS = (
     'echo rollbox > "$1"/etc/hostname',
     ': > "$1"/etc/resolv.conf',
+    # the copies keep the host files' modes (0755 on some hosts)
+    'chmod 0644 "$1"/etc/hostname "$1"/etc/resolv.conf',
 )
-"""Hooks that replace the files mmdebstrap copies from the host with fixed content."""
+"""Hooks that replace the files mmdebstrap copies from the host with fixed content and mode."""
 
 
 def mmdebstrap_env(recipe: Recipe) -> dict[str, str]:
