@@ -136,3 +136,24 @@ def test_pack_tests_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(InvalidInputError, match="larger than"):
         pack_tests(tmp_path)
     assert TESTS_MAX == 48 << 20
+
+
+def test_microvm_request_too_big_for_one_frame_takes_the_weaker_path() -> None:
+    from rollbox.backends.microvm.backend import PRIVATE_FILES_MAX, _private_request
+    from rollbox.errors import CapabilityError
+    from rollbox.rollouts.verifier_exec import is_unsupported
+
+    small = IsolatedExec(fresh=("/tests",), files={"/tests/t.sh": (0o755, b"\x00\xff")})
+    req = _private_request(small)
+    assert req == {
+        "fresh": ["/tests"],
+        "files": [["/tests/t.sh", 0o755, "AP8="]],
+        "collect": "",
+        "kill_others": False,
+    }
+    big = IsolatedExec(
+        fresh=("/tests",), files={"/tests/big": (0o644, b"x" * (PRIVATE_FILES_MAX + 1))}
+    )
+    with pytest.raises(CapabilityError) as info:
+        _private_request(big)
+    assert is_unsupported(info.value)
