@@ -58,6 +58,7 @@ OPTIONS = [
     NumOpt(("run", "--concurrency", "{}", "nowhere"), int, 1, validate.MAX_CONCURRENCY),
     NumOpt(("run", "--retries", "{}", "nowhere"), int, 0, 10),
     NumOpt(("run", "--seed", "{}", "nowhere"), int, -(2**63), 2**63 - 1),
+    NumOpt(("run", "--max-rollouts", "{}", "nowhere"), int, 1, validate.MAX_COUNT * 1000),
     NumOpt(("repro", "run-x", "--concurrency", "{}"), int, 1, validate.MAX_CONCURRENCY),
     NumOpt(("runs", "ls", "--limit", "{}"), int, 1, math.inf),
     NumOpt(("pilot", "--rollouts", "{}"), int, 1, 100_000),

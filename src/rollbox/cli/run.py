@@ -196,6 +196,7 @@ def register(app: typer.Typer) -> None:
             None,
             "--max-rollouts",
             help="Allow more than 10,000 rollouts (tasks × attempts) in this run.",
+            callback=validate.int_range("--max-rollouts", 1, validate.MAX_COUNT * 1000),
         ),
         json_: bool = JSON_OPTION,
     ) -> None:
