@@ -340,18 +340,34 @@ def test_signal_during_create(linked_home: Home, tmp_path: Path, naive: bool) ->
         assert any(r.sandbox_ids for r in meta.rollouts_of(meta.list_runs()[0].id))
 
 
+# Every destroy lingers 1 s first: a second signal surely lands mid-teardown.
+SLOW_DESTROY = """
+import time
+from rollbox.backends.namespace.backend import NamespaceSandbox
+_orig = NamespaceSandbox.destroy_sync
+def _slow(self):
+    time.sleep(1.0)
+    return _orig(self)
+NamespaceSandbox.destroy_sync = _slow
+"""
+
+
 def test_a_second_signal_does_not_cut_the_teardown_short(linked_home: Home, tmp_path: Path) -> None:
     home = linked_home
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_DESTROY)
     task = write_task(tmp_path / "tasks", "slow", solve="sleep 60")
     meta = MetaStore(None, home=home)
-    proc = _start(home, str(task), "--attempts", "4", "--concurrency", "4")
+    env = {"PYTHONPATH": str(site)}
+    proc = _start(home, str(task), "--attempts", "4", "--concurrency", "4", env=env)
     try:
         deadline = time.monotonic() + 60
         while not (meta.list_runs() and meta.count_rollouts(meta.list_runs()[0].id).get("running")):
             assert time.monotonic() < deadline, "the run never got going"
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.05)
+        time.sleep(0.3)
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=60)
     finally:
