@@ -42,6 +42,9 @@ def home_leftovers(home: Home) -> list[str]:
         # the TTL reaper is no sandbox resource (it exits once nothing has a TTL)
         if root in cmd and "rollbox.backends.reaper" not in cmd:
             out.append(f"process {pid} {cmd[:120]}")
+    vm_runtime = Path("/run/rbx") / home.tag  # microVM sockets (short paths, outside the home)
+    if vm_runtime.is_dir():
+        out += [f"vm runtime {d}" for d in vm_runtime.iterdir()]
     if home.sandboxes.is_dir():
         out += [f"dir {d}" for d in home.sandboxes.iterdir() if d.name.startswith("sbx-")]
     return out
