@@ -83,11 +83,13 @@ async def symlink_race(ctx: AuditContext) -> Outcome:
         # swapper writes once and never touches); the raced transfers may all lose
         control: str | None = None
         deadline = time.monotonic() + 30
-        while control is None and not swapper.done() and time.monotonic() < deadline:
-            try:
+        while control != "benign\n" and not swapper.done() and time.monotonic() < deadline:
+            try:  # (caught while the swapper is still writing it: empty)
                 await a.files.download(RACE_DIR + "/benign", scratch / "control")
                 control = (scratch / "control").read_text()
             except NotFoundError:
+                pass
+            if control != "benign\n":
                 await asyncio.sleep(0.2)
         if control != "benign\n":
             raise ProbeError(f"a control download during the race failed (got {control!r})")
