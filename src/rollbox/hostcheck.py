@@ -180,15 +180,49 @@ def _overlay() -> HostCheck:
     )
 
 
-def _static_libc() -> HostCheck:
-    found = [p for p in ("/usr/lib/x86_64-linux-gnu/libc.a", "/usr/lib/libc.a") if Path(p).exists()]
-    return HostCheck(
-        name="static libc",
-        ok=bool(found),
-        detail=found[0] if found else "libc.a not found",
-        fix=None if found else "apt-get install libc6-dev",
-        needed_by=ALL,
-    )
+def _prebuilt(home: Home | None) -> dict[str, bool]:
+    """Per backend: every C program it needs is already built for the current sources in
+    ``home``'s bin/ (then no compiler is needed, e.g. helpers copied in from a build host)."""
+    from rollbox.backends.agent import build
+    from rollbox.backends.gvisor import helper
+    from rollbox.backends.microvm import initramfs
+
+    def built(source: Path, name: str, suffix: str = "") -> bool:
+        if home is None:
+            return False
+        return (home.root / "bin" / f"{name}-{build.source_hash(source)}{suffix}").exists()
+
+    agent = built(build.SOURCE, "rollbox-agent")
+    return {
+        "namespace": agent,
+        "gvisor": agent
+        and built(helper.SOURCE, "rollbox-uds-listen")
+        and built(helper.STATX_SOURCE, "rollbox-statx", ".so"),
+        "microvm": built(initramfs.AGENT_SOURCE, "rollbox-guest-agent"),
+    }
+
+
+def _c_toolchain(home: Home | None) -> list[HostCheck]:
+    """gcc and the static libc, needed by the backends whose C programs are not built yet."""
+    libcs = ("/usr/lib/x86_64-linux-gnu/libc.a", "/usr/lib/libc.a")
+    found = [p for p in libcs if Path(p).exists()]
+    prebuilt = _prebuilt(home)
+    needers = [b for b in BACKENDS if not prebuilt[b]]
+    note = "" if not prebuilt or len(needers) == len(BACKENDS) else (
+        f"; prebuilt for {', '.join(b for b in BACKENDS if prebuilt[b])}"
+    )  # fmt: skip
+    gcc = _tool("gcc", needers, "apt-get install gcc libc6-dev", ["--version"])
+    gcc.detail += note
+    return [
+        gcc,
+        HostCheck(
+            name="static libc",
+            ok=bool(found),
+            detail=(found[0] if found else "libc.a not found") + note,
+            fix=None if found else "apt-get install libc6-dev",
+            needed_by=needers,
+        ),
+    ]
 
 
 def _seccomp() -> HostCheck:
@@ -249,8 +283,7 @@ def check_host(home: Home | None = None) -> HostReport:
         *_cgroups(),
         _overlay(),
         _tool("bwrap", ["namespace"], "apt-get install bubblewrap", ["--version"]),
-        _tool("gcc", ALL, "apt-get install gcc libc6-dev", ["--version"]),
-        _static_libc(),
+        *_c_toolchain(home),
         _seccomp(),
         _tool("runsc", ["gvisor"], "apt-get install runsc", ["--version"]),
         _tool("qemu-system-x86_64", ["microvm"], "apt-get install qemu-system-x86", ["--version"]),
