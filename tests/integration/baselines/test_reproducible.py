@@ -38,30 +38,25 @@ def _layer_tar(store: BaselineStore, digest: str) -> Path:
     return store.blob_path(layer.digest)
 
 
-def _bootstrap_as_another_machine(tmp_path: Path, home: Path) -> str:
-    """Bootstrap the default recipe in ``home`` from a process that sees another machine:
-    its own hostname, /etc/hostname and /etc/resolv.conf (what mmdebstrap copies in)."""
+def _as_another_machine(tmp_path: Path, code: str) -> str:
+    """Run Python ``code`` in a process that sees another machine: its own hostname, and
+    /etc/hostname, /etc/hosts, /etc/resolv.conf of other bytes and modes (what mmdebstrap
+    copies in, what buildah mounts into RUN steps); return its last line of output."""
     fake = tmp_path / "other-machine"
     fake.mkdir()
     (fake / "hostname").write_text("other-machine\n")
-    # modes differ between machines too (mmdebstrap's copies keep them)
-    host_mode = Path("/etc/hostname").stat().st_mode & 0o777
+    (fake / "hosts").write_text(Path("/etc/hosts").read_text() + "127.0.1.1 other-machine\n")
     # other bytes, same working DNS (apt still has to reach the mirror)
     real = Path("/etc/resolv.conf").read_text()
     (fake / "resolv.conf").write_text(f"# other-machine\n{real}options timeout:3\n")
-    for name in ("hostname", "resolv.conf"):
-        (fake / name).chmod(0o664 if host_mode != 0o664 else 0o644)  # readable: apt needs DNS
-    code = (
-        "from pathlib import Path; from rollbox.config import Home; "
-        "from rollbox.baselines.store import BaselineStore; "
-        "from rollbox.baselines.builders.bootstrap import DEFAULT_RECIPE, bootstrap; "
-        f"store = BaselineStore(Home(Path({str(home)!r})).ensure()); "
-        "print(bootstrap(store, DEFAULT_RECIPE).digest)"
-    )
+    names = ("hostname", "hosts", "resolv.conf")
+    for name in names:
+        # modes differ between machines too (mmdebstrap's copies keep them); readable for apt
+        mode = Path("/etc", name).stat().st_mode & 0o777
+        (fake / name).chmod(0o664 if mode != 0o664 else 0o644)
+    mounts = "; ".join(f"mount --bind {fake}/{n} /etc/{n}" for n in names)
     script = (
-        "set -e; mount --make-rprivate /; hostname other-machine; "
-        f"mount --bind {fake}/hostname /etc/hostname; "
-        f"mount --bind {fake}/resolv.conf /etc/resolv.conf; "
+        f"set -e; mount --make-rprivate /; hostname other-machine; {mounts}; "
         f'exec {sys.executable} -c "$0"'
     )
     proc = subprocess.run(
@@ -73,6 +68,17 @@ def _bootstrap_as_another_machine(tmp_path: Path, home: Path) -> str:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip().splitlines()[-1]
+
+
+def _bootstrap_as_another_machine(tmp_path: Path, home: Path) -> str:
+    code = (
+        "from pathlib import Path; from rollbox.config import Home; "
+        "from rollbox.baselines.store import BaselineStore; "
+        "from rollbox.baselines.builders.bootstrap import DEFAULT_RECIPE, bootstrap; "
+        f"store = BaselineStore(Home(Path({str(home)!r})).ensure()); "
+        "print(bootstrap(store, DEFAULT_RECIPE).digest)"
+    )
+    return _as_another_machine(tmp_path, code)
 
 
 def test_default_recipe_bootstraps_to_one_digest_in_two_homes(tmp_path: Path) -> None:
@@ -118,8 +124,15 @@ def test_one_dockerfile_builds_to_one_digest_in_two_homes(tmp_path: Path) -> Non
     try:
         # contexts written at different times, as on two machines
         built_a = build(a, _context(tmp_path / "ctx-a", 1_600_000_000))
-        built_b = build(b, _context(tmp_path / "ctx-b", 1_700_000_000))
-        assert built_a.digest == built_b.digest
+        ctx_b = _context(tmp_path / "ctx-b", 1_700_000_000)
+        code = (
+            "from pathlib import Path; from rollbox.config import Home; "
+            "from rollbox.baselines.store import BaselineStore; "
+            "from rollbox.baselines.builders.buildah import build; "
+            f"print(build(BaselineStore(Home(Path({str(b.home.root)!r}))), Path({str(ctx_b)!r}))"
+            ".digest)"
+        )
+        assert _as_another_machine(tmp_path, code) == built_a.digest
         assert len(built_a.layers) == 2
         with tarfile.open(a.blob_path(built_a.layers[-1].digest)) as tar:
             mtimes = {m.mtime for m in tar.getmembers()}
