@@ -33,10 +33,16 @@ class IsolatedExec:
     command ends."""
     kill_others: bool = False
     """Kill every other process of the sandbox (PID 1 excepted) before the command starts."""
+    timeout_s: float | None = None
+    """The in-sandbox agent's own deadline for the command: at it, every process of the
+    command's mount namespace is killed and the collected files still come back (pass a
+    longer ``exec`` timeout as the backstop)."""
     collected: dict[str, bytes] = field(default_factory=dict)
     """Output: path relative to :attr:`collect` -> content."""
     truncated: bool = False
     """Output: some collected file was cut at :data:`COLLECT_MAX`."""
+    timed_out: bool = False
+    """Output: :attr:`timeout_s` passed and the command's namespace was killed."""
 
     def check(self) -> None:
         """Refuse relative or non-normal paths and files outside the fresh directories.

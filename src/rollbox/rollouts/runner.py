@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 
 from rollbox import __version__
 from rollbox.backends.base import Backend, SandboxHandle
+from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.registry import get_backend
 from rollbox.config import Home
 from rollbox.errors import (
@@ -86,6 +87,9 @@ from rollbox.store.metadata import MetaStore
 T = TypeVar("T")
 
 TESTS_DIR = "/tests"
+DEADLINE_GRACE_S = 15.0
+"""A private verifier exec ends at the in-sandbox agent's deadline (files kept); the exec
+timeout, this much later, is only the backstop."""
 AGENT_LOG_DIR = "/logs/agent"
 """Harbor's agent log directory: collected when the agent made it."""
 SMALL_BLOB = 64 << 10
@@ -523,12 +527,20 @@ class RolloutRunner:
         }
         stop = task.rollbox.stop_agent_before_verify and mode == "shared"
         run: VerifierRun | None = None
+        iso: IsolatedExec | None = None
+        timed_out = f"verifier timed out after {task.verifier.timeout_sec:g}s"
         started = time.perf_counter()
         try:
             if protected():
-                run = await self._verifier_exec(rec, sbx, task, cmd, opts, stop=stop)
-                rec.extra = {**rec.extra, "verifier_isolation": run.isolation}
+                try:
+                    iso = isolated_request(task.tests_dir, stop_agent=stop)
+                except InvalidInputError as exc:
+                    raise _Fail("failed", "task", f"task {task.name}: {exc.one_line()}") from None
+                iso.timeout_s = task.verifier.timeout_sec
+                run = await self._verifier_exec(rec, sbx, task, iso, cmd, opts, stop=stop)
                 r = run.result
+                if run.isolation == "private" and iso.timed_out:
+                    outcome.error = timed_out
             else:  # test-only: the unprotected path, to show the guard is what stops forgeries
                 await sbx.files.upload(task.tests_dir, TESTS_DIR)
                 started = time.perf_counter()
@@ -538,21 +550,22 @@ class RolloutRunner:
             out, err, cut = r.stdout, r.stderr, r.truncated
         except ExecTimeoutError as exc:
             out, err, cut = exc.stdout, exc.stderr, False
-            outcome.error = f"verifier timed out after {task.verifier.timeout_sec:g}s"
+            outcome.error = timed_out
         outcome.duration_s = time.perf_counter() - started
         outcome.stdout = self._ref("verifier.stdout", out.encode(), truncated=cut)
         outcome.stderr = self._ref("verifier.stderr", err.encode(), truncated=cut)
         if run is not None and run.tampered and outcome.error is None:
             outcome.error = run.tampered
-        # /logs/verifier comes out once: kept as artifacts, and the reward is read from it.
-        if run is not None and run.logs is not None:
-            refs = [self._ref(f"{REWARD_DIR}/{k}", v) for k, v in sorted(run.logs.items())]
+        # /logs/verifier comes out once: kept as artifacts (also after a timeout: the private
+        # exec's own deadline still returns them), and the reward is read from it.
+        private = rec.extra.get("verifier_isolation") == "private"
+        if iso is not None and private:
+            logs = iso.collected
+            refs = [self._ref(f"{REWARD_DIR}/{k}", v) for k, v in sorted(logs.items())]
             rec.artifacts = [*rec.artifacts, *refs]
-            txt, js = run.logs.get("reward.txt"), run.logs.get("reward.json")
-        elif outcome.error is None:
-            txt, js = await self._verifier_logs(rec, sbx)
+            txt, js = logs.get("reward.txt"), logs.get("reward.json")
         else:
-            txt = js = None
+            txt, js = await self._verifier_logs(rec, sbx)
         if outcome.error is None:
             try:
                 reward = parse_reward(txt, js)
@@ -574,24 +587,26 @@ class RolloutRunner:
         rec: RolloutRecord,
         sbx: AsyncSandbox,
         task: Task,
+        iso: IsolatedExec,
         cmd: list[str],
         opts: dict[str, Any],
         *,
         stop: bool,
     ) -> VerifierRun:
         """Run the verifier in its own mount namespace (``/tests``, ``/logs/verifier``
-        private); where the backend cannot, the weaker path with its tamper checks."""
+        private; the agent's own deadline, with the exec timeout as a backstop); where the
+        backend cannot, the weaker path with its tamper checks. ``verifier_isolation`` is
+        recorded before the command runs (a timeout raises out of here)."""
         scratch = self.home.tmp / f"verifier-tests-{rec.id}"
+        private_opts = {**opts, "timeout": task.verifier.timeout_sec + DEADLINE_GRACE_S}
         try:
-            iso = isolated_request(task.tests_dir, stop_agent=stop)
-        except InvalidInputError as exc:
-            raise _Fail("failed", "task", f"task {task.name}: {exc.one_line()}") from None
-        try:
-            r = await sbx.exec(cmd, isolate=iso, **opts)
+            rec.extra = {**rec.extra, "verifier_isolation": "private"}
+            r = await sbx.exec(cmd, isolate=iso, **private_opts)
             return VerifierRun(r, iso.collected, "private")
         except CapabilityError as exc:
             if not is_unsupported(exc):
                 raise
+        rec.extra = {**rec.extra, "verifier_isolation": "none"}
         return await run_unisolated(sbx, task.tests_dir, cmd, opts, stop=stop, scratch=scratch)
 
     async def _verifier_logs(

@@ -72,12 +72,13 @@ def test_forged_rewards_do_not_pass_and_agent_servers_still_serve(
     tmp_path: Path,
     no_leaks: Callable[[list[RolloutRecord]], dict[str, list[str]]],
 ) -> None:
-    dirs = [TASKS / n for n in [*FORGED, "agent-server", "agent-leftover", "verifier-writes-tests"]]
+    dirs = [TASKS / n for n in [*FORGED, "agent-server", "agent-leftover"]]
+    dirs += [TASKS / "verifier-writes-tests", TASKS / "verifier-timeout"]
     dirs += [stopped(tmp_path, n) for n in ["agent-server", "agent-leftover", *FORGED]]
     dirs.append(separate(tmp_path, "forged-prewritten"))
     run, recs = runs.run(dirs, agent="oracle", backend_override=backend)
     by = final(recs)
-    assert len(by) == 12, sorted(by)
+    assert len(by) == 13, sorted(by)
     private = backend != "gvisor"
     for name, r in by.items():
         assert r.verifier is not None, (name, r.error)
@@ -127,6 +128,12 @@ def test_forged_rewards_do_not_pass_and_agent_servers_still_serve(
     # files the verifier itself adds under /tests (pytest's __pycache__) are no tampering
     own = by["verifier-writes-tests"]
     assert own.status == "done" and own.verifier is not None and own.verifier.passed, own
+    # a verifier past its timeout: what it wrote to /logs/verifier is still kept
+    slow = by["verifier-timeout"]
+    assert slow.verifier is not None and slow.verifier.error == "verifier timed out after 2s"
+    assert slow.verifier.duration_s is not None and slow.verifier.duration_s < 15
+    logs = {a.name: runs.blobs.get(a.digest) for a in slow.artifacts}
+    assert logs.get("/logs/verifier/progress.log") == b"started\n", sorted(logs)
     # a server the agent left running still answers the tests (Harbor's shared mode) ...
     srv = by["agent-server"]
     assert srv.status == "done" and srv.verifier is not None and srv.verifier.passed, srv

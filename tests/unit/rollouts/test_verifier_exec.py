@@ -94,7 +94,11 @@ def test_private_exec_wire_layout() -> None:
     assert dirs_and_files.startswith(b"/tests\0/logs/verifier\0")
     f = dirs_and_files[len(b"/tests\0/logs/verifier\0") :]
     assert struct.unpack_from("<2I", f) == (0o755, 7)
-    assert f[8:] == b"/tests/test.sh\0echo 1\n/logs/verifier\0"
+    assert f[8:] == b"/tests/test.sh\0echo 1\n/logs/verifier\0" + struct.pack("<I", 0)
+    # the agent's own deadline, in ms, closes the private part
+    iso.timeout_s = 2.5
+    raw = p.encode_exec(p.ExecRequest(argv=["bash"], isolate=iso))
+    assert raw.endswith(b"/logs/verifier\0" + struct.pack("<I", 2500))
     # kill_others alone: no private part at all
     only_kill = p.encode_exec(p.ExecRequest(argv=["true"], isolate=IsolatedExec(kill_others=True)))
     assert struct.unpack_from("<6I", only_kill[p.HEADER.size :])[3] == p.FLAG_KILLALL

@@ -37,6 +37,8 @@
  *                      'S' session fork, 'M' private mounts, 'K' seccomp/capabilities),
  *                      i32 errno
  *                  'L' u32 mode, u32 full size, relative path NUL, data (a collected file)
+ *                  'T' the private exec's own deadline (u32 ms after the collect dir) passed:
+ *                      every process of its mount namespace was killed
  *                  'X' i32 exit code (128+N when killed by signal N)
  *                  'A' pong
  */
@@ -64,6 +66,7 @@
 #include <sys/uio.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define FLAG_STDIN 1u
@@ -294,6 +297,39 @@ static void kill_others(void) {
     }
 }
 
+static long elapsed_ms(const struct timespec *t0) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long)(now.tv_sec - t0->tv_sec) * 1000 + (now.tv_nsec - t0->tv_nsec) / 1000000;
+}
+
+/* SIGKILL every process of this session's (private) mount namespace but the session. */
+static void kill_mount_ns(void) {
+    struct stat me;
+    if (stat("/proc/self/ns/mnt", &me) < 0) return;
+    pid_t self = getpid();
+    for (int round = 0; round < 400; round++) {
+        int found = 0;
+        DIR *d = opendir("/proc");
+        if (!d) return;
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            char *endp;
+            long pid = strtol(e->d_name, &endp, 10);
+            if (*endp || pid <= 1 || pid == self) continue;
+            char path[64];
+            struct stat st;
+            snprintf(path, sizeof path, "/proc/%ld/ns/mnt", pid);
+            if (stat(path, &st) < 0 || st.st_ino != me.st_ino || st.st_dev != me.st_dev) continue;
+            kill((pid_t)pid, SIGKILL);
+            found = 1;
+        }
+        closedir(d);
+        if (!found) return;
+        usleep(5000);
+    }
+}
+
 static int mkdirs(const char *path) {
     char buf[4096];
     size_t n = strlen(path);
@@ -420,6 +456,7 @@ static void session(int conn) {
     char **pdirs = NULL;
     uint32_t ndirs = 0, nfiles = 0;
     const char *pfiles = NULL, *collect = NULL;
+    uint32_t deadline_ms = 0; /* private exec: kill its namespace after this, keep its files */
     if (flags & FLAG_PRIVATE) {
         if (end - p < 8) _exit(1);
         ndirs = rd32(&p);
@@ -446,6 +483,7 @@ static void session(int conn) {
         collect = p;
         p += strnlen(p, (size_t)(end - p)) + 1;
         if (p > end) _exit(1);
+        if (end - p >= 4) deadline_ms = rd32(&p);
     }
     if (flags & FLAG_KILLALL) kill_others();
     if ((flags & FLAG_PRIVATE) && private_setup(pdirs, ndirs, pfiles, collect, nfiles) < 0) {
@@ -537,9 +575,17 @@ static void session(int conn) {
     free(req);
     close(go[1]);
 
-    int out_open = 1, err_open = 1, conn_open = 1, exited = 0, status = 0;
+    int out_open = 1, err_open = 1, conn_open = 1, exited = 0, status = 0, timed_out = 0;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     char buf[65536];
     for (;;) {
+        if (deadline_ms && !timed_out && elapsed_ms(&t0) >= deadline_ms) {
+            /* The verifier ran out of time: end its whole namespace (daemons included),
+             * then its files still go back. */
+            timed_out = 1;
+            kill_mount_ns();
+        }
         if (!exited) {
             pid_t r = waitpid(child, &status, WNOHANG);
             if (r == child) exited = 1;
@@ -566,7 +612,13 @@ static void session(int conn) {
         if (out_open) { io = nf; fds[nf].fd = out[0]; fds[nf].events = POLLIN; nf++; }
         if (err_open) { ie = nf; fds[nf].fd = err[0]; fds[nf].events = POLLIN; nf++; }
         if (conn_open) { ic = nf; fds[nf].fd = conn; fds[nf].events = POLLIN; nf++; }
-        int pr = poll(fds, (nfds_t)nf, out_open || err_open ? -1 : 100);
+        int wait_ms = out_open || err_open ? -1 : 100;
+        if (deadline_ms && !timed_out) {
+            long left = (long)deadline_ms - elapsed_ms(&t0);
+            if (left < 0) left = 0;
+            if (wait_ms < 0 || left < wait_ms) wait_ms = (int)left;
+        }
+        int pr = poll(fds, (nfds_t)nf, wait_ms);
         if (pr < 0 && errno != EINTR) _exit(1);
         if (pr <= 0) continue;
         if (fds[0].revents) {
@@ -604,6 +656,7 @@ static void session(int conn) {
         size_t budget = COLLECT_MAX;
         collect_dir(conn, collect, "", &budget, 0);
     }
+    if (timed_out) send_frame(conn, 'T', NULL, 0);
     int32_t code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     send_frame(conn, 'X', &code, 4);
     _exit(0);

@@ -179,6 +179,8 @@ class AgentClient:
             elif kind == p.COLLECTED and req.isolate is not None:
                 rel, _mode, full, data = p.decode_collected(payload)
                 req.isolate.add_collected(rel, data, full)
+            elif kind == p.TIMED_OUT and req.isolate is not None:
+                req.isolate.timed_out = True
             elif kind == p.EXIT:
                 code = struct.unpack("<i", payload)[0]
                 return AgentExit(code, fail_stage, fail_errno)

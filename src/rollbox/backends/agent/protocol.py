@@ -22,6 +22,7 @@ FAIL = b"F"
 EXIT = b"X"
 PONG = b"A"
 COLLECTED = b"L"
+TIMED_OUT = b"T"
 
 FLAG_STDIN = 1
 FLAG_USER = 2
@@ -116,6 +117,8 @@ def encode_exec(req: ExecRequest, *, cgroup_fds: bool = False) -> bytes:
         for path, (mode, data) in iso.files.items():
             body += [struct.pack("<2I", mode, len(data)), _cstr(path, "path"), data]
         body.append(_cstr(iso.collect or "", "directory"))
+        ms = 0 if iso.timeout_s is None else max(1, min(int(iso.timeout_s * 1000), 2**32 - 1))
+        body.append(struct.pack("<I", ms))  # the agent's own deadline (0: none)
     return frame(EXEC, b"".join(body))
 
 

@@ -383,6 +383,10 @@ class MicroVMSandbox(SandboxHandle):
         }
         if isolate is not None:
             req["private"] = _private_request(isolate)
+            if isolate.timeout_s is not None:
+                # the guest's own deadline: it kills the command's cgroup, then the collected
+                # files and the reply (timed_out) still come back
+                req["timeout"] = isolate.timeout_s
         # the same capture as the namespace backend: capped, secrets masked even when a
         # secret is split across two streamed chunks
         from rollbox.backends.namespace.capture import StreamCapture
@@ -437,7 +441,9 @@ class MicroVMSandbox(SandboxHandle):
             "pids_exhausted": bool(reply.get("pids_exhausted")),
             "disk_full": disk_full,
         }
-        if reply.get("timed_out"):
+        if reply.get("timed_out") and isolate is not None and isolate.timeout_s is not None:
+            isolate.timed_out = True  # its own deadline: a result, as on the namespace backend
+        elif reply.get("timed_out"):
             raise ExecTimeoutError(
                 f"command timed out after {timeout:g}s in sandbox {self.id}",
                 stdout=stdout,
