@@ -16,6 +16,11 @@ from rollbox.errors import RecipeError
 _PKG_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(:[a-z0-9]+)?$")
 _SUITE_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 
+BOOTSTRAP_PROCEDURE = 2
+"""Version of how rollbox runs mmdebstrap (environment, fixed hooks), part of every recipe
+hash: bumped when the procedure changes, so no cache filled by an older one answers.
+2: SOURCE_DATE_EPOCH, fixed /etc/hostname and /etc/resolv.conf (mode 0644)."""
+
 DEFAULT_SOURCE_DATE_EPOCH = 1686355200
 """2023-06-10T00:00:00Z, the day bookworm was released: the default clamp of file times."""
 
@@ -71,8 +76,10 @@ class Recipe(BaseModel):
         return self.model_dump(mode="json")
 
     def hash(self) -> str:
-        """Hex sha256 of the canonical recipe: the bootstrap cache key."""
-        data = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        """Hex sha256 of the canonical recipe and ``BOOTSTRAP_PROCEDURE``: the bootstrap
+        cache key."""
+        doc = {**self.canonical(), "_procedure": BOOTSTRAP_PROCEDURE}
+        data = json.dumps(doc, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(data.encode()).hexdigest()
 
 

@@ -137,3 +137,13 @@ def test_mmdebstrap_command_carries_recipe() -> None:
     assert set(DEFAULT_RECIPE.packages) == {
         "python3", "bash", "coreutils", "git", "ca-certificates", "procps"
     }  # fmt: skip
+
+
+def test_recipe_hash_covers_the_bootstrap_procedure(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a new way of running mmdebstrap must not answer from a cache the old way filled
+    from rollbox.baselines import recipe as recipe_mod
+
+    before = DEFAULT_RECIPE.hash()
+    monkeypatch.setattr(recipe_mod, "BOOTSTRAP_PROCEDURE", recipe_mod.BOOTSTRAP_PROCEDURE + 1)
+    assert DEFAULT_RECIPE.hash() != before
+    assert Recipe(source_date_epoch=1).hash() != Recipe().hash()
