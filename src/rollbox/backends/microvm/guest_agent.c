@@ -670,7 +670,9 @@ static int open_beneath(const char *path, int flags) {
     how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
     int root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (root < 0) return -1;
-    int fd = (int)syscall(SYS_openat2, root, rel, &how, sizeof how);
+    int fd, tries = 0; /* EAGAIN: a rename raced a ".." lookup; the man page says retry */
+    do fd = (int)syscall(SYS_openat2, root, rel, &how, sizeof how);
+    while (fd < 0 && errno == EAGAIN && ++tries < 16);
     int e = errno;
     close(root);
     errno = e;

@@ -92,7 +92,7 @@ _libc: Any = None
 
 
 def open_beneath(path: str, flags: int, mode: int = 0) -> int:
-    """``openat2(/, path, RESOLVE_BENEATH)``: absolute or escaping symlinks are refused."""
+    """``openat2(/, path, RESOLVE_IN_ROOT)``: chroot semantics (links resolve inside)."""
     global _libc
     import ctypes
 
@@ -108,9 +108,12 @@ def open_beneath(path: str, flags: int, mode: int = 0) -> int:
     how = How(flags | os.O_CLOEXEC, mode, _RESOLVE)
     root = os.open("/", os.O_PATH | os.O_DIRECTORY)
     try:
-        fd = _libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(root),
-                           ctypes.c_char_p(rel.encode()), ctypes.byref(how),
-                           ctypes.c_size_t(ctypes.sizeof(how)))  # fmt: skip
+        for _ in range(16):  # EAGAIN: a rename raced a ".." lookup; retry (man openat2)
+            fd = _libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(root),
+                               ctypes.c_char_p(rel.encode()), ctypes.byref(how),
+                               ctypes.c_size_t(ctypes.sizeof(how)))  # fmt: skip
+            if fd >= 0 or ctypes.get_errno() != errno.EAGAIN:
+                break
     finally:
         os.close(root)
     if fd < 0:

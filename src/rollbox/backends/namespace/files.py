@@ -29,6 +29,7 @@ RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_BENEATH = 0x08
 RESOLVE_IN_ROOT = 0x10
 _RESOLVE = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
+OPENAT2_RETRIES = 16
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -39,19 +40,26 @@ class _OpenHow(ctypes.Structure):
 
 
 def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = _RESOLVE) -> int:
-    """``openat2(2)``; raises ``OSError`` with the errno."""
+    """``openat2(2)``; raises ``OSError`` with the errno.
+
+    ``EAGAIN`` (a rename inside raced a ``..`` lookup, so the kernel could not vouch for
+    it) is retried a few times, as the man page suggests.
+    """
     how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
-    fd = _libc.syscall(
-        ctypes.c_long(SYS_OPENAT2),
-        ctypes.c_int(dirfd),
-        ctypes.c_char_p(path.encode()),
-        ctypes.byref(how),
-        ctypes.c_size_t(ctypes.sizeof(how)),
-    )
-    if fd < 0:
+    for _ in range(OPENAT2_RETRIES):
+        fd = _libc.syscall(
+            ctypes.c_long(SYS_OPENAT2),
+            ctypes.c_int(dirfd),
+            ctypes.c_char_p(path.encode()),
+            ctypes.byref(how),
+            ctypes.c_size_t(ctypes.sizeof(how)),
+        )
+        if fd >= 0:
+            return int(fd)
         err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), path)
-    return int(fd)
+        if err != errno.EAGAIN:
+            break
+    raise OSError(err, os.strerror(err), path)
 
 
 def normalize(path: str, cwd: str = "/") -> str:
