@@ -291,7 +291,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Re-run each rollout of RUN from its recorded baseline, task copy, agent and seed;
         report which outcomes and filesystem diffs match and what differs."""
-        from rollbox.rollouts.runs import RunEvents, repro_run
+        from rollbox.rollouts.repro import repro_run
+        from rollbox.rollouts.runs import RunEvents
 
         if concurrency < 1:
             raise fail("--concurrency must be at least 1", json_mode=json_)

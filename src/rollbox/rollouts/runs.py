@@ -28,8 +28,6 @@ import contextlib
 import hashlib
 import os
 import socket
-import tarfile
-import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,15 +43,38 @@ from rollbox.models import PhaseStamp, RolloutRecord, RunRecord, utcnow
 from rollbox.rollouts import blame
 from rollbox.rollouts.agents import Agent, parse_agent
 from rollbox.rollouts.backend_choice import BackendChoice, choose_backend
+from rollbox.rollouts.baseline import resolve_baseline
+from rollbox.rollouts.leaks import _leftovers
 from rollbox.rollouts.runner import RolloutPlan, RolloutRunner
 from rollbox.rollouts.scheduler import check_size, run_pool
+from rollbox.rollouts.stale import (
+    FINAL,
+    UNFINISHED,
+    interrupt_run,
+    pid_alive,
+    reap_stale_runs,
+    stale_runs,
+)
 from rollbox.rollouts.tasks import Task, load_task, task_digest
 from rollbox.store.blobs import BlobStore
 from rollbox.store.metadata import MetaStore
 
-FINAL = ("done", "failed", "infra_error")
-UNFINISHED = ("queued", "running")
-"""Rollout statuses that only a live ``rollbox run`` process may hold."""
+# Re-exported: callers imported these from here before the split.
+__all__ = [
+    "FINAL",
+    "UNFINISHED",
+    "Run",
+    "RunEvents",
+    "RunOptions",
+    "RunResult",
+    "executor_for",
+    "interrupt_run",
+    "pid_alive",
+    "reap_stale_runs",
+    "resolve_baseline",
+    "seed_for",
+    "stale_runs",
+]
 
 
 @dataclass
@@ -148,98 +169,6 @@ def executor_for(concurrency: int) -> ThreadPoolExecutor:
     )
 
 
-def pid_alive(pid: int | None) -> bool:
-    """True when a process with that pid exists (``None``: no process)."""
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def stale_runs(meta: MetaStore) -> list[str]:
-    """Ids of runs :func:`reap_stale_runs` would mark: marked ``running`` with their
-    ``rollbox run`` process (on this host) gone, or closed with an unfinished record."""
-    here = socket.gethostname()
-    out = []
-    for run in meta.list_runs():
-        if run.host and run.host != here:
-            continue
-        if run.status == "running":
-            if not pid_alive(run.owner_pid):
-                out.append(run.id)
-        elif any(meta.count_rollouts(run.id).get(s) for s in UNFINISHED):
-            out.append(run.id)
-    return out
-
-
-def reap_stale_runs(meta: MetaStore, blobs: BlobStore) -> list[str]:
-    """Mark runs whose ``rollbox run`` process is gone as ``interrupted``.
-
-    Their unfinished rollout records become ``interrupted`` (sealed); finished ones are left
-    exactly as they are. Runs already closed (``interrupted``, ``done``, ``failed``) that
-    still hold a ``running`` or ``queued`` record (their process was killed while closing)
-    get those records marked too. Returns the ids of the runs marked.
-    """
-    marked: list[str] = []
-    here = socket.gethostname()
-    for run in meta.list_runs():
-        if run.status == "running" and pid_alive(run.owner_pid):
-            continue
-        if run.host and run.host != here:
-            continue  # a shared PostgreSQL store: another machine's pids mean nothing here
-        if interrupt_run(meta, blobs, run):
-            marked.append(run.id)
-    return marked
-
-
-def interrupt_run(meta: MetaStore, blobs: BlobStore, run: RunRecord) -> bool:
-    """Mark a run no live process is executing: a ``running`` run becomes ``interrupted``,
-    and its ``running``/``queued`` records too (sealed; final records untouched).
-
-    Returns:
-        True when anything changed.
-    """
-    from rollbox.store.provenance import finalize_run
-
-    fixed = _interrupt_unfinished(meta, blobs, run)
-    if run.status != "running" and not fixed:
-        return False
-    if run.status == "running":
-        run.status = "interrupted"
-        run.finished_at = utcnow()
-    meta.update_run(run)
-    try:
-        finalize_run(meta, meta.get_run(run.id))
-    except RollboxError:
-        pass
-    return True
-
-
-def _interrupt_unfinished(meta: MetaStore, blobs: BlobStore, run: RunRecord) -> int:
-    """Seal the run's ``running``/``queued`` records as ``interrupted``; how many."""
-    from rollbox.store.provenance import seal
-
-    if not any(meta.count_rollouts(run.id).get(s) for s in UNFINISHED):
-        return 0  # one grouped query per run; records are read only when needed
-    n = 0
-    for rec in meta.rollouts_of(run.id):
-        if rec.status not in UNFINISHED:
-            continue
-        rec.status = "interrupted"
-        rec.error = f"rollbox run (pid {run.owner_pid}) died before this rollout finished"
-        rec.error_kind = "infra"
-        rec.stamp("interrupted")
-        rec.finished_at = utcnow()
-        meta.save_rollout(seal(rec, blobs))
-        n += 1
-    return n
-
-
 async def _to_the_end(coro: Any) -> None:
     """Await ``coro`` to its end even if the caller is cancelled (again) meanwhile."""
     fut = asyncio.ensure_future(coro)
@@ -247,85 +176,6 @@ async def _to_the_end(coro: Any) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(fut)
     fut.result()
-
-
-def resolve_baseline(task: Task, home: Home) -> str:
-    """The baseline digest a task starts from: ``[rollbox] baseline`` or
-    ``[environment] docker_image`` (a store reference), else ``environment/Dockerfile`` built
-    through the baseline store (cached by input hash), else the default baseline.
-
-    Raises:
-        RollboxError: the reference is unknown or the build failed.
-    """
-    from rollbox.baselines.store import BaselineStore
-
-    store = BaselineStore(home)
-    ref = task.rollbox.baseline or task.environment.docker_image
-    if ref:
-        return store.resolve(ref).digest
-    if task.dockerfile is not None:
-        return str(_build(store, task).digest)
-    return store.default().digest
-
-
-def _build(store: Any, task: Task) -> Any:
-    assert task.dockerfile is not None
-    context = task.dockerfile.parent
-    build = getattr(store, "build", None)
-    if callable(build):
-        return build(context, dockerfile=task.dockerfile)
-    try:
-        from rollbox.baselines.builders import buildah  # type: ignore[attr-defined]
-    except ImportError:
-        raise TaskError(
-            f"task {task.name}: this rollbox cannot build environment/Dockerfile yet",
-            hint="set [rollbox] baseline = '<digest or name>' in task.toml",
-        ) from None
-    for name in ("build_dockerfile", "build"):
-        fn = getattr(buildah, name, None)
-        if callable(fn):
-            return fn(store, context, dockerfile=task.dockerfile)
-    raise TaskError(f"task {task.name}: no Dockerfile builder available")
-
-
-def _marks(home: Home, ids: set[str]) -> list[str]:
-    """Strings that name host resources of these sandboxes: their ids (mounts, cgroups,
-    sandbox dirs, runtime command lines) and their network names (netns, veth, chain)."""
-    marks = list(ids)
-    try:
-        from rollbox.backends.common import network
-    except ImportError:
-        return marks
-    for sid in ids:
-        marks += [
-            network.netns_name(home.tag, sid),
-            network.host_if_name(home.tag, sid),
-            network.chain_name(home.tag, sid),
-        ]
-    return marks
-
-
-def _leftovers(before: HostState, after: HostState, home: Home, ids: set[str]) -> list[str]:
-    """Resources in ``after`` not in ``before`` that belong to this run's sandboxes (other
-    runs and tests share the host, even the home: only what names our sandboxes counts)."""
-    out: list[str] = []
-    marks = _marks(home, ids)
-    for kind, items in before.diff(after).items():
-        for item in items:
-            if kind == "processes":
-                pid = item.split(" ", 1)[0]
-                try:
-                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-                except OSError:
-                    continue  # gone by now: not a leak
-                if any(m.encode() in cmdline for m in marks):
-                    out.append(f"{kind}: {item}")
-            elif any(m in item for m in marks):
-                out.append(f"{kind}: {item}")
-    for sid in ids:  # a sandbox dir that outlived its rollout, even if it predates the run
-        if (home.sandboxes / sid).exists() and f"sandbox_dirs: {sid}" not in out:
-            out.append(f"sandbox_dirs: {sid}")
-    return out
 
 
 class Run:
@@ -717,167 +567,3 @@ class Run:
         if slot.replaces is not None:
             await self._link(await asyncio.to_thread(self.meta.get_rollout, slot.replaces), rec.id)
         self.records.append(rec)
-
-
-# --------------------------------------------------------------------------- repro
-
-
-def extract_task(blobs: BlobStore, rec: RolloutRecord, dest_root: Path) -> Path:
-    """Unpack the stored copy of a rollout's task into ``dest_root/<digest hex>``."""
-    if rec.task_blob is None:
-        raise TaskError(f"rollout {rec.id} has no stored task copy")
-    dest = dest_root / rec.task_digest.removeprefix("sha256:")[:16]
-    if not dest.is_dir():
-        dest.mkdir(parents=True)
-        import io
-
-        with tarfile.open(fileobj=io.BytesIO(blobs.get(rec.task_blob.digest))) as tar:
-            tar.extractall(dest, filter="tar")
-    return dest
-
-
-def scratch_dir(home: Home) -> Path:
-    """A fresh directory under ``home/tmp`` (removed by the caller)."""
-    home.tmp.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix="repro-", dir=home.tmp))
-
-
-@dataclass
-class ReproItem:
-    """One re-run rollout compared with the original."""
-
-    original: RolloutRecord
-    replay: RolloutRecord | None
-    outcome_match: bool
-    diff_match: bool
-    differences: list[str]
-
-
-def _outcome(rec: RolloutRecord) -> tuple[Any, ...]:
-    v = rec.verifier
-    return (
-        rec.status,
-        None if v is None else v.reward,
-        None if v is None else v.passed,
-        None if v is None else v.error,
-    )
-
-
-def _diffset(rec: RolloutRecord) -> set[tuple[str, str, str | None]]:
-    return {(c.path, c.kind, c.sha256) for c in rec.fs_diff}
-
-
-def compare(original: RolloutRecord, replay: RolloutRecord) -> ReproItem:
-    """Outcome (status, reward, passed, verifier error) and fs diff of two rollouts."""
-    diffs: list[str] = []
-    o, r = _outcome(original), _outcome(replay)
-    for name, a, b in zip(("status", "reward", "passed", "verifier error"), o, r, strict=True):
-        if a != b:
-            diffs.append(f"{name}: {a!r} -> {b!r}")
-    do, dr = _diffset(original), _diffset(replay)
-    for path, kind, sha in sorted(do - dr)[:10]:
-        diffs.append(f"fs: {kind} {path} {sha or ''} only in the original".rstrip())
-    for path, kind, sha in sorted(dr - do)[:10]:
-        diffs.append(f"fs: {kind} {path} {sha or ''} only in the replay".rstrip())
-    return ReproItem(original, replay, o == r, do == dr, diffs)
-
-
-async def repro_run(
-    home: Home,
-    meta: MetaStore,
-    blobs: BlobStore,
-    ref: str,
-    *,
-    concurrency: int = 4,
-    events: RunEvents | None = None,
-) -> tuple[RunRecord, list[ReproItem]]:
-    """Re-run every final rollout of a run from its recorded baseline, task copy, agent and
-    seed, in a new run; compare outcomes and filesystem diffs.
-
-    Returns:
-        The new run's record and one item per original rollout.
-    """
-    from rollbox.store.provenance import finalize_run
-
-    events = events or RunEvents()
-    src = meta.resolve_run(ref)
-    originals = [
-        r
-        for r in meta.rollouts_of(src.id)
-        if r.retried_by is None and r.status in ("done", "failed") and r.baseline_digest
-    ]
-    run = RunRecord(
-        id=new_id("run"),
-        args={**src.args, "repro_of": src.id},
-        task_dirs=list(src.task_dirs),
-        agent=src.agent,
-        backend=src.backend,
-        backend_reason=f"same backend as {src.id}",
-        concurrency=max(1, concurrency),
-        attempts=src.attempts,
-        retries=0,
-        owner_pid=os.getpid(),
-        host=socket.gethostname(),
-        rollbox_version=__version__,
-    )
-    meta.create_run(run)
-    if events.on_start:
-        events.on_start(run, len(originals))
-    runners: dict[str, RolloutRunner] = {}
-    asyncio.get_running_loop().set_default_executor(executor_for(concurrency))
-    scratch = scratch_dir(home)
-    items: list[ReproItem] = []
-
-    async def one(orig: RolloutRecord) -> None:
-        try:
-            task = load_task(extract_task(blobs, orig, scratch))
-            agent = parse_agent(orig.agent)
-        except RollboxError as exc:
-            items.append(ReproItem(orig, None, False, False, [f"cannot replay: {exc}"]))
-            return
-        backend = orig.backend or run.backend
-        runner = runners.get(backend)
-        if runner is None:
-            runner = runners[backend] = RolloutRunner(
-                home, meta, blobs, run_id=run.id, backend=backend, on_update=events.on_rollout
-            )
-        assert orig.baseline_digest is not None
-        plan = RolloutPlan(
-            task=task,
-            attempt=orig.attempt,
-            agent=agent,
-            baseline=orig.baseline_digest,
-            seed=orig.seed or 0,
-            group_id=orig.group_id,
-            setup_in_baseline=orig.group_id is not None,
-            extra={"repro_of": orig.id},
-        )
-        rec = await runner.run(plan)
-        item = compare(orig, rec)
-        if task.digest != orig.task_digest:
-            item.differences.insert(0, "task copy digest differs from the recorded one")
-        items.append(item)
-
-    status = "done"
-    try:
-        await run_pool(originals, one, max(1, concurrency))
-    except BaseException:
-        status = "interrupted"
-        raise
-    finally:
-        import shutil
-
-        shutil.rmtree(scratch, ignore_errors=True)
-        for r in runners.values():
-            r.close()
-        run.status = status  # type: ignore[assignment]
-        run.finished_at = utcnow()
-        matched = sum(1 for i in items if i.outcome_match and i.diff_match)
-        run.summary = {"repro_of": src.id, "rollouts": len(items), "matched": matched}
-        meta.update_run(run)
-        try:
-            run = finalize_run(meta, run)
-        except RollboxError:
-            pass
-    items.sort(key=lambda i: (i.original.task_name, i.original.attempt))
-    return run, items

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from rollbox.rollouts.runs import repro_run
+from rollbox.rollouts.repro import repro_run
 
 from .conftest import Runs
 

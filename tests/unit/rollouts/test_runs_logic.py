@@ -9,7 +9,8 @@ import pytest
 from rollbox.config import Home
 from rollbox.errors import InvalidInputError
 from rollbox.models import FsChange, RolloutRecord, VerifierOutcome
-from rollbox.rollouts.runs import Run, RunOptions, compare, seed_for
+from rollbox.rollouts.repro import compare
+from rollbox.rollouts.runs import Run, RunOptions, seed_for
 from rollbox.store.blobs import BlobStore
 from rollbox.store.metadata import MetaStore
 
