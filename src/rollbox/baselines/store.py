@@ -342,6 +342,17 @@ class BaselineStore:
         index["manifests"] = [m for m in index.get("manifests", []) if m.get("digest") != digest]
         _atomic_write(path, json.dumps(index, indent=2).encode())
 
+    def add_names(self, info: BaselineInfo, names: list[str]) -> BaselineInfo:
+        """Give ``info`` the ``names`` (taking them from any other baseline), under the lock.
+
+        Returns:
+            The updated record (``info`` itself when it already carries every name).
+        """
+        if not names or all(n in info.names for n in names):
+            return info
+        with self.lock():
+            return self._set_names(info, add=names)
+
     def _set_names(
         self,
         info: BaselineInfo,

@@ -14,78 +14,32 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 from rollbox import __version__
 from rollbox.config import Home
 from rollbox.errors import BackendError, BackendUnavailableError, InvalidInputError, RollboxError
-from rollbox.models import ExecResult, Limits, utcnow
+from rollbox.models import utcnow
 from rollbox.pilot import raw
 from rollbox.pilot.hostscope import capture, scoped_leaks
 from rollbox.pilot.models import (
     BackendResult,
     Cleanup,
     LevelResult,
+    PilotConfig,
     PilotReport,
     RawTiming,
     RolloutSample,
+    SandboxLike,
 )
 from rollbox.pilot.stats import ratio, summarize
-from rollbox.pilot.workloads import Workload
 
 Progress = Callable[[str], None]
 
-
-class SandboxLike(Protocol):
-    """What the pilot needs of a sandbox (``rollbox.AsyncSandbox`` has it)."""
-
-    async def exec(self, cmd: list[str] | str, *, timeout: float | None = None) -> ExecResult:
-        """Run a command."""
-        ...
-
-    async def destroy(self) -> None:
-        """Remove the sandbox."""
-        ...
-
-
-SandboxFactory = Callable[[str, str, Limits, Home], Awaitable[SandboxLike]]
-"""``(baseline digest, backend, limits, home) -> started sandbox``."""
-
-
-async def _default_factory(baseline: str, backend: str, limits: Limits, home: Home) -> SandboxLike:
-    from rollbox.sandbox import AsyncSandbox
-
-    return await AsyncSandbox.create(baseline, backend=backend, limits=limits, home=home)
-
-
-def _default_prepare(backend: str, home: Home) -> None:
-    from rollbox.backends.registry import get_backend
-
-    get_backend(backend, home).prepare()
-
-
-@dataclass
-class PilotConfig:
-    """What to pilot."""
-
-    backends: list[str]
-    workload: Workload
-    rollouts: int
-    concurrency: list[int]
-    home: Home
-    baseline: str
-    """Resolved baseline digest."""
-    layer_dirs: list[os.PathLike[str]] = field(default_factory=list)
-    """The baseline's layer dirs, bottom first (for the raw tools)."""
-    retries: int = 1
-    raw_samples: int = 30
-    limits: Limits = field(default_factory=lambda: Limits(memory_mb=256, disk_mb=256))
-    factory: SandboxFactory = _default_factory
-    prepare: Callable[[str, Home], None] = _default_prepare
-    """Checks a backend's tools before its levels (raises BackendUnavailableError)."""
+# PilotConfig and the sandbox protocol live in pilot/models.py (pilot/tasks.py needs them too);
+# they are re-exported here for the callers that import them from this module.
+__all__ = ["PilotConfig", "Progress", "SandboxLike", "run_level", "run_pilot"]
 
 
 def _err_line(exc: BaseException) -> str:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Literal, Protocol
 
-from rollbox.models import Model
+from rollbox.config import Home
+from rollbox.models import ExecResult, Limits, Model
 from rollbox.pilot.stats import Summary
+from rollbox.pilot.workloads import Workload
 
 
 class RolloutSample(Model):
@@ -157,3 +162,53 @@ class PilotReport(Model):
             b.error is None and all(lv.cleanup.clean and lv.gave_up == 0 for lv in b.levels)
             for b in self.backends
         )
+
+
+# Moved from pilot/measure.py (pilot/tasks.py needs PilotConfig; measure imports tasks).
+class SandboxLike(Protocol):
+    """What the pilot needs of a sandbox (``rollbox.AsyncSandbox`` has it)."""
+
+    async def exec(self, cmd: list[str] | str, *, timeout: float | None = None) -> ExecResult:
+        """Run a command."""
+        ...
+
+    async def destroy(self) -> None:
+        """Remove the sandbox."""
+        ...
+
+
+SandboxFactory = Callable[[str, str, Limits, Home], Awaitable[SandboxLike]]
+"""``(baseline digest, backend, limits, home) -> started sandbox``."""
+
+
+async def _default_factory(baseline: str, backend: str, limits: Limits, home: Home) -> SandboxLike:
+    from rollbox.sandbox import AsyncSandbox
+
+    return await AsyncSandbox.create(baseline, backend=backend, limits=limits, home=home)
+
+
+def _default_prepare(backend: str, home: Home) -> None:
+    from rollbox.backends.registry import get_backend
+
+    get_backend(backend, home).prepare()
+
+
+@dataclass
+class PilotConfig:
+    """What to pilot."""
+
+    backends: list[str]
+    workload: Workload
+    rollouts: int
+    concurrency: list[int]
+    home: Home
+    baseline: str
+    """Resolved baseline digest."""
+    layer_dirs: list[os.PathLike[str]] = field(default_factory=list)
+    """The baseline's layer dirs, bottom first (for the raw tools)."""
+    retries: int = 1
+    raw_samples: int = 30
+    limits: Limits = field(default_factory=lambda: Limits(memory_mb=256, disk_mb=256))
+    factory: SandboxFactory = _default_factory
+    prepare: Callable[[str, Home], None] = _default_prepare
+    """Checks a backend's tools before its levels (raises BackendUnavailableError)."""

@@ -13,8 +13,7 @@ import time
 from datetime import datetime
 
 from rollbox.models import PhaseStamp, RolloutRecord
-from rollbox.pilot.measure import PilotConfig
-from rollbox.pilot.models import RolloutSample
+from rollbox.pilot.models import PilotConfig, RolloutSample
 
 
 def _at(phases: list[PhaseStamp], name: str) -> datetime | None:

@@ -7,7 +7,7 @@ import shlex
 from rollbox.baselines.builders.proc import run
 from rollbox.baselines.locks import flock
 from rollbox.baselines.recipe import Recipe
-from rollbox.baselines.store import BaselineStore
+from rollbox.baselines.writer import StoreWriter
 from rollbox.errors import BuildError
 from rollbox.models import BaselineInfo, RecipeSource
 
@@ -21,13 +21,6 @@ ca-certificates and procps."""
 
 DEFAULT_NAMES = ["rollbox/default", "debian:bookworm", "docker.io/library/debian:bookworm"]
 """Names the default baseline carries (Dockerfiles' ``FROM debian:bookworm`` resolves to it)."""
-
-
-def _with_names(store: BaselineStore, info: BaselineInfo, names: list[str]) -> BaselineInfo:
-    if all(n in info.names for n in names):
-        return info
-    with store.lock():
-        return store._set_names(info, add=names)
 
 
 MACHINE_NEUTRAL_HOOKS = (
@@ -66,7 +59,7 @@ def mmdebstrap_command(recipe: Recipe, out: str, files_dir: str) -> list[str]:
 
 
 def bootstrap(
-    store: BaselineStore, recipe: Recipe, *, names: list[str] | None = None
+    store: StoreWriter, recipe: Recipe, *, names: list[str] | None = None
 ) -> BaselineInfo:
     """The baseline for ``recipe``: from the cache, or built with mmdebstrap.
 
@@ -80,12 +73,12 @@ def bootstrap(
     names = names or []
     hit = store.cache_get("recipe", key)
     if hit is not None:
-        return _with_names(store, hit, names)
+        return store.add_names(hit, names)
     store.home.ensure()
     with flock(store.home.locks / f"recipe-{key[:32]}.lock"):
         hit = store.cache_get("recipe", key)
         if hit is not None:
-            return _with_names(store, hit, names)
+            return store.add_names(hit, names)
         with store.staging("boot") as stage:
             files_dir = stage / "files"
             files_dir.mkdir()

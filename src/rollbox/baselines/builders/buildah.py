@@ -23,7 +23,7 @@ from rollbox.baselines.builders.skopeo import import_image
 from rollbox.baselines.locks import flock, lock_is_held
 from rollbox.baselines.recipe import DEFAULT_SOURCE_DATE_EPOCH
 from rollbox.baselines.refs import hex_of
-from rollbox.baselines.store import BaselineStore
+from rollbox.baselines.writer import StoreWriter
 from rollbox.errors import (
     BaselineNotFoundError,
     BuildError,
@@ -50,7 +50,7 @@ def _find_dockerfile(context: Path, dockerfile: Path | None) -> Path:
     raise RecipeError(f"no Dockerfile or Containerfile in {context}", hint="pass -f FILE")
 
 
-def resolve_base(store: BaselineStore, image: str) -> BaselineInfo:
+def resolve_base(store: StoreWriter, image: str) -> BaselineInfo:
     """The store baseline a ``FROM`` image names; an image on an explicit registry
     (``host:port/…``, ``registry.example/…``) is imported on first use.
 
@@ -87,7 +87,7 @@ def resolve_base(store: BaselineStore, image: str) -> BaselineInfo:
     )
 
 
-def _ensure_in_containers_storage(store: BaselineStore, info: BaselineInfo) -> str:
+def _ensure_in_containers_storage(store: StoreWriter, info: BaselineInfo) -> str:
     target = f"{BASE_REPO}:{hex_of(info.digest)}"
     if run(["buildah", "inspect", "--type", "image", target]).returncode == 0:
         return target
@@ -116,7 +116,7 @@ def input_hash(
 
 
 def build(
-    store: BaselineStore,
+    store: StoreWriter,
     context: Path,
     *,
     dockerfile: Path | None = None,
@@ -149,25 +149,18 @@ def build(
     key = input_hash(text, build_args, [b.digest for b in bases.values()], context)
     hit = store.cache_get("build", key)
     if hit is not None:
-        return _named(store, hit, names)
+        return store.add_names(hit, names)
     store.home.ensure()
     with flock(store.home.locks / f"build-{key[:32]}.lock"):
         hit = store.cache_get("build", key)
         if hit is not None:
-            return _named(store, hit, names)
+            return store.add_names(hit, names)
         info = _build_uncached(store, context, dfile, instructions, froms, bases, build_args, key)
         store.cache_put("build", key, info.digest)
-        return _named(store, info, names)
+        return store.add_names(info, names)
 
 
-def _named(store: BaselineStore, info: BaselineInfo, names: list[str]) -> BaselineInfo:
-    if not names or all(n in info.names for n in names):
-        return info
-    with store.lock():
-        return store._set_names(info, add=names)
-
-
-def remove_stale_build_images(store: BaselineStore) -> list[str]:
+def remove_stale_build_images(store: StoreWriter) -> list[str]:
     """Remove this home's ``rollbox-build`` images whose build is no longer running (left
     by a build killed after buildah tagged its result); return their names."""
     out = run(["buildah", "images", "--format", "{{.Name}}:{{.Tag}}"]).stdout
@@ -187,7 +180,7 @@ def remove_stale_build_images(store: BaselineStore) -> list[str]:
 
 
 def _build_uncached(
-    store: BaselineStore,
+    store: StoreWriter,
     context: Path,
     dfile: Path,
     instructions: list[df.Instruction],
@@ -253,7 +246,7 @@ def _build_uncached(
             run(["buildah", "rmi", "--force", tag])
 
 
-def _copy_out(store: BaselineStore, tag: str, stage: Path, bases: list[BaselineInfo]) -> Path:
+def _copy_out(store: StoreWriter, tag: str, stage: Path, bases: list[BaselineInfo]) -> Path:
     """Copy the built image out of containers-storage into a ``dir:`` layout in ``stage``.
 
     Goes through an OCI layout pre-seeded with hard links to the bases' layer blobs:

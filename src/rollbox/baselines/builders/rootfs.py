@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 
 from rollbox.baselines import layers as layerlib
-from rollbox.baselines.store import BaselineStore
+from rollbox.baselines.writer import StoreWriter
 from rollbox.errors import InvalidInputError
 from rollbox.models import BaselineInfo, ImportSource
 
@@ -48,7 +48,7 @@ def _decompress(src: Path, dest: Path, kind: str) -> None:
 
 
 def import_rootfs(
-    store: BaselineStore, path: Path, *, names: list[str] | None = None
+    store: StoreWriter, path: Path, *, names: list[str] | None = None
 ) -> BaselineInfo:
     """Import a rootfs directory (packed deterministically) or a tarball (used as is).
 

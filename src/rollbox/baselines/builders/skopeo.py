@@ -14,7 +14,7 @@ from pathlib import Path
 from rollbox.baselines.builders.proc import run
 from rollbox.baselines.locks import flock
 from rollbox.baselines.refs import hex_of
-from rollbox.baselines.store import BaselineStore
+from rollbox.baselines.writer import StoreWriter
 from rollbox.errors import InvalidInputError, NotFoundError, StoreError
 from rollbox.models import BaselineInfo, ImageSource
 
@@ -61,7 +61,7 @@ def _failure(what: str, ref: str, output: str) -> Exception:
 
 
 def import_image(
-    store: BaselineStore,
+    store: StoreWriter,
     ref: str,
     *,
     names: list[str] | None = None,
@@ -114,9 +114,7 @@ def import_image(
         )
 
 
-def export_image(
-    store: BaselineStore, ref: str, dest: str, *, tls_verify: bool | None = None
-) -> str:
+def export_image(store: StoreWriter, ref: str, dest: str, *, tls_verify: bool | None = None) -> str:
     """Copy baseline ``ref`` to ``dest`` (``oci-archive:FILE``, ``docker://…``, ...).
 
     Returns:
