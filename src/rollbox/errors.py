@@ -17,6 +17,7 @@ exception.
     │   ├── NotFoundError (LookupError)
     │   │   ├── BaselineNotFoundError
     │   │   ├── SandboxNotFoundError
+    │   │   ├── SandboxFileNotFoundError (FileNotFoundError)   no such file inside
     │   │   ├── RunNotFoundError
     │   │   └── RolloutNotFoundError
     │   ├── RecipeError                           bad bootstrap recipe / build input
@@ -25,8 +26,10 @@ exception.
     │   ├── UnknownBackendError
     │   ├── UnknownAgentError
     │   ├── CapabilityError                       backend cannot do what the request asks
+    │   │   └── UnsupportedOperationError         an operation the backend lacks (.operation)
     │   ├── LimitsError                           limits that cannot be met
     │   ├── PathEscapeError (PermissionError)     sandbox path resolves outside the root
+    │   ├── IsADirectoryInSandboxError (IsADirectoryError)   a file operation met a directory
     │   └── InUseError                            refused: a live sandbox uses it
     ├── BuildError                                exit 1: a build step failed (has .output)
     ├── StoreError                                exit 1
@@ -41,6 +44,10 @@ exception.
     ├── ExecTimeoutError (TimeoutError)           exit 124: the command ran out of time
     ├── VerifierError                             exit 1: no/invalid reward
     └── IntegrityError                            exit 1: provenance digest mismatch
+
+Errors raised by an operation on a sandbox carry its id and backend (``sandbox_id``,
+``backend``; ``None`` otherwise), as httpx errors carry their ``request``: the public API
+(:mod:`rollbox.sandbox`) fills them in on the way out.
 """
 
 from __future__ import annotations
@@ -50,11 +57,23 @@ class RollboxError(Exception):
     """Root of every error rollbox raises on purpose."""
 
     exit_code: int = 1
+    sandbox_id: str | None = None
+    """The sandbox the failed operation was on (``sbx-...``), when there was one."""
+    backend: str | None = None
+    """That sandbox's backend name, when there was one."""
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         self.message = message
         self.hint = hint
         super().__init__(message if hint is None else f"{message} ({hint})")
+
+    def on_sandbox(self, sandbox_id: str, backend: str | None) -> None:
+        """Record the sandbox (and its backend) the error happened on; an id already set
+        (e.g. by the backend itself) is kept."""
+        if self.sandbox_id is None:
+            self.sandbox_id = sandbox_id
+        if self.backend is None:
+            self.backend = backend
 
     def one_line(self) -> str:
         """The message as one line, with the hint on how to fix it when there is one."""
@@ -82,6 +101,10 @@ class BaselineNotFoundError(NotFoundError):
 
 class SandboxNotFoundError(NotFoundError):
     """No sandbox with that id exists (or it was destroyed)."""
+
+
+class SandboxFileNotFoundError(NotFoundError, FileNotFoundError):
+    """No such file (or a path component is not a directory) inside the sandbox."""
 
 
 class RunNotFoundError(NotFoundError):
@@ -116,12 +139,27 @@ class CapabilityError(InvalidInputError):
     """The backend lacks a capability that the request needs."""
 
 
+class UnsupportedOperationError(CapabilityError):
+    """The sandbox's backend does not offer this operation (see ``Backend.capabilities``);
+    ``operation`` names it (``fork``, ``pause``, ``memory_snapshot``...), ``backend`` the
+    backend. Raised before anything is done."""
+
+    def __init__(self, backend: str, operation: str, *, hint: str | None = None) -> None:
+        super().__init__(f"backend {backend!r} does not support {operation}", hint=hint)
+        self.backend = backend
+        self.operation = operation
+
+
 class LimitsError(InvalidInputError):
     """Limits that are invalid or cannot be met on this host."""
 
 
 class PathEscapeError(InvalidInputError, PermissionError):
     """A sandbox path resolves outside the sandbox root (``..`` or a symlink)."""
+
+
+class IsADirectoryInSandboxError(InvalidInputError, IsADirectoryError):
+    """A file operation inside the sandbox met a directory (e.g. reading one)."""
 
 
 class InUseError(InvalidInputError):

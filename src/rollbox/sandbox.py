@@ -11,27 +11,35 @@ Both have the same method names (as E2B's ``Sandbox``/``AsyncSandbox``)::
 
 Secrets given to :meth:`AsyncSandbox.create` stay in this process's memory and are
 injected into each exec's environment; they are never written to disk.
+
+Optional operations (``fork``, ``pause``, ``snapshot_memory``...) are checked against the
+backend's capabilities first and raise :class:`~rollbox.errors.UnsupportedOperationError`
+when it lacks them. Every :class:`~rollbox.errors.RollboxError` raised by an operation on a
+sandbox carries ``sandbox_id`` and ``backend``. An :class:`AsyncSandbox` belongs to the event
+loop it was made in; the sync :class:`Sandbox` runs its own loop in a thread, so to use a
+sync sandbox from async code, ``await sbx.to_async()``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from rollbox.backends.base import Backend, OutputCallback, SandboxHandle
+from rollbox.backends.base import Backend, Operation, OutputCallback, SandboxHandle
 from rollbox.backends.common.copylinks import LinkPolicy
 from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.registry import get_backend
 from rollbox.config import Home
-from rollbox.errors import SandboxNotFoundError
+from rollbox.errors import InvalidInputError, RollboxError, SandboxNotFoundError
 from rollbox.models import (
     BaselineInfo,
     ExecResult,
@@ -121,32 +129,56 @@ def read_state(home: Home, sandbox_id: str) -> SandboxInfo:
         ) from None
 
 
-class AsyncFiles:
-    """File operations on a sandbox; every path is resolved inside the sandbox root."""
+@contextlib.contextmanager
+def _on_sandbox(sandbox_id: str, backend: str | None) -> Iterator[None]:
+    """Tag a RollboxError raised inside with the sandbox it happened on (httpx-style)."""
+    try:
+        yield
+    except RollboxError as exc:
+        exc.on_sandbox(sandbox_id, backend)
+        raise
 
-    def __init__(self, handle: SandboxHandle) -> None:
+
+class AsyncFiles:
+    """File operations on a sandbox; every path is resolved inside the sandbox root.
+
+    Errors: :class:`~rollbox.errors.SandboxFileNotFoundError` (also a
+    ``FileNotFoundError``), :class:`~rollbox.errors.IsADirectoryInSandboxError` (also an
+    ``IsADirectoryError``), :class:`~rollbox.errors.PathEscapeError` (also a
+    ``PermissionError``).
+    """
+
+    def __init__(self, handle: SandboxHandle, backend: str | None = None) -> None:
         self._h = handle
+        self._backend = backend
+
+    def _tag(self) -> contextlib.AbstractContextManager[None]:
+        return _on_sandbox(self._h.id, self._backend)
 
     async def read(self, path: str) -> bytes:
         """Read a file inside the sandbox."""
-        return await self._h.read_file(path)
+        with self._tag():
+            return await self._h.read_file(path)
 
     async def read_text(self, path: str) -> str:
         """Read a UTF-8 text file inside the sandbox."""
-        return (await self._h.read_file(path)).decode()
+        return (await self.read(path)).decode()
 
     async def write(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
         """Create or replace a file inside the sandbox."""
-        await self._h.write_file(path, data, mode=mode)
+        with self._tag():
+            await self._h.write_file(path, data, mode=mode)
 
     async def upload(self, src: Path | str, dest: str) -> None:
         """Copy a host file or directory into the sandbox."""
-        await self._h.upload(Path(src), dest)
+        with self._tag():
+            await self._h.upload(Path(src), dest)
 
     async def download(self, src: str, dest: Path | str, *, links: LinkPolicy = "refuse") -> None:
         """Copy a file or directory out of the sandbox to the host; ``links``: what a tree
         download does with a link pointing out of the tree (``refuse`` or ``content``)."""
-        await self._h.download(src, Path(dest), links=links)
+        with self._tag():
+            await self._h.download(src, Path(dest), links=links)
 
 
 class AsyncSandbox:
@@ -158,7 +190,28 @@ class AsyncSandbox:
         self._handle = handle
         self.backend = backend
         self._secrets = dict(secrets or {})
-        self.files = AsyncFiles(handle)
+        self.files = AsyncFiles(handle, backend.name)
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None  # made outside a loop: bound to the first one that uses it
+
+    @contextlib.contextmanager
+    def _op(self, operation: Operation | None = None) -> Iterator[None]:
+        """Around every operation: same event loop, capability checked, errors tagged."""
+        with _on_sandbox(self._handle.id, self.backend.name):
+            loop = asyncio.get_running_loop()
+            if self._loop is None:
+                self._loop = loop
+            elif loop is not self._loop:
+                raise InvalidInputError(
+                    f"sandbox {self.id} belongs to another event loop",
+                    hint="use `await AsyncSandbox.connect(id)` (or `await sbx.to_async()` for "
+                    "a sync Sandbox) in this loop",
+                )
+            if operation is not None:
+                self.backend.require(operation)
+            yield
 
     @classmethod
     async def create(
@@ -231,9 +284,11 @@ class AsyncSandbox:
     ) -> AsyncSandbox:
         """Attach to a live sandbox by id (created by this or any other process)."""
         home = home or Home.from_env()
-        state = read_state(home, sandbox_id)
+        with _on_sandbox(sandbox_id, None):
+            state = read_state(home, sandbox_id)
         be = get_backend(state.backend, home)
-        return cls(await be.attach(sandbox_id), be, secrets)
+        with _on_sandbox(sandbox_id, state.backend):
+            return cls(await be.attach(sandbox_id), be, secrets)
 
     @property
     def id(self) -> str:
@@ -269,12 +324,15 @@ class AsyncSandbox:
         Raises:
             asyncio.CancelledError: the caller was cancelled (the command's process tree
                 is killed), also when the cancellation raced with the command's end.
+            UnsupportedOperationError: ``user`` names a non-root user and the backend
+                cannot run commands as one (capability ``users``).
         """
         task = asyncio.current_task()
         pending = task.cancelling() if task is not None else 0
-        result = await self._exec(
-            cmd, cwd, env, stdin, timeout, user, on_stdout, on_stderr, isolate
-        )
+        with self._op("users" if user not in (None, "root", "0", "0:0") else None):
+            result = await self._exec(
+                cmd, cwd, env, stdin, timeout, user, on_stdout, on_stderr, isolate
+            )
         if task is not None and task.cancelling() > pending:
             # Python 3.11's wait_for returns a result that raced with a cancellation and
             # drops the cancellation; the caller must still see it.
@@ -318,31 +376,56 @@ class AsyncSandbox:
             isolate=isolate,
         )
 
-    async def snapshot(self, *, memory: bool = False, name: str | None = None) -> str:
-        """Capture the current state as a new baseline (or memory snapshot); keeps running."""
-        return await self._handle.snapshot(memory=memory, name=name)
+    async def snapshot(self, *, name: str | None = None) -> str:
+        """The filesystem's current state as a new baseline; the sandbox keeps running.
+        See :meth:`SandboxHandle.snapshot`.
+
+        Returns:
+            The new baseline's digest.
+        """
+        with self._op("snapshot"):
+            return await self._handle.snapshot(name=name)
+
+    async def snapshot_memory(self) -> str:
+        """Memory + devices + disk as a restorable snapshot (``microvm``); keeps running.
+        See :meth:`SandboxHandle.snapshot_memory`.
+
+        Returns:
+            The snapshot's id (``snap-...``) for ``create(from_snapshot=...)``.
+
+        Raises:
+            UnsupportedOperationError: the backend has no memory snapshots.
+        """
+        with self._op("memory_snapshot"):
+            return await self._handle.snapshot_memory()
 
     async def fork(self, n: int) -> list[AsyncSandbox]:
-        """``n`` independent sandboxes from the current state (they inherit the secrets)."""
+        """``n`` independent sandboxes from the current state (they inherit the secrets):
+        filesystem only on ``namespace``/``gvisor``, memory + processes on ``microvm``
+        (see :meth:`SandboxHandle.fork`)."""
 
         async def dispose(handles: list[SandboxHandle]) -> None:
             for h in handles:
                 await h.destroy()
 
-        handles = await finish_or_dispose(self._handle.fork(n), dispose, "forked sandboxes")
+        with self._op("fork"):
+            handles = await finish_or_dispose(self._handle.fork(n), dispose, "forked sandboxes")
         return [AsyncSandbox(h, self.backend, self._secrets) for h in handles]
 
     async def pause(self) -> None:
         """Freeze every process inside."""
-        await self._handle.pause()
+        with self._op("pause"):
+            await self._handle.pause()
 
     async def resume(self) -> None:
         """Thaw the sandbox."""
-        await self._handle.resume()
+        with self._op("pause"):
+            await self._handle.resume()
 
     async def destroy(self) -> None:
         """Kill everything inside and remove every host resource (idempotent)."""
-        await self._handle.destroy()
+        with _on_sandbox(self._handle.id, self.backend.name):
+            await self._handle.destroy()
 
     async def __aenter__(self) -> AsyncSandbox:
         return self
@@ -464,14 +547,50 @@ class Sandbox:
         self.files = Files(inner.files)
 
     @classmethod
-    def create(cls, baseline: str | None = None, **kwargs: Any) -> Sandbox:
-        """Create and start a sandbox; arguments as :meth:`AsyncSandbox.create`."""
-        return cls(_Loop.run(AsyncSandbox.create(baseline, **kwargs)))
+    def create(
+        cls,
+        baseline: str | None = None,
+        *,
+        backend: str = "namespace",
+        limits: Limits | None = None,
+        network: NetworkPolicy | str | None = None,
+        env: dict[str, str] | None = None,
+        secrets: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+        ttl: float | None = None,
+        hostname: str = "sandbox",
+        workdir: str | None = None,
+        user: str | None = None,
+        from_snapshot: str | None = None,
+        home: Home | None = None,
+    ) -> Sandbox:
+        """Create and start a sandbox; arguments and errors as :meth:`AsyncSandbox.create`."""
+        return cls(
+            _Loop.run(
+                AsyncSandbox.create(
+                    baseline,
+                    backend=backend,
+                    limits=limits,
+                    network=network,
+                    env=env,
+                    secrets=secrets,
+                    labels=labels,
+                    ttl=ttl,
+                    hostname=hostname,
+                    workdir=workdir,
+                    user=user,
+                    from_snapshot=from_snapshot,
+                    home=home,
+                )
+            )
+        )
 
     @classmethod
-    def connect(cls, sandbox_id: str, **kwargs: Any) -> Sandbox:
-        """Attach to a live sandbox by id."""
-        return cls(_Loop.run(AsyncSandbox.connect(sandbox_id, **kwargs)))
+    def connect(
+        cls, sandbox_id: str, *, secrets: dict[str, str] | None = None, home: Home | None = None
+    ) -> Sandbox:
+        """Attach to a live sandbox by id (created by this or any other process)."""
+        return cls(_Loop.run(AsyncSandbox.connect(sandbox_id, secrets=secrets, home=home)))
 
     @property
     def id(self) -> str:
@@ -483,18 +602,50 @@ class Sandbox:
         """The sandbox's state record."""
         return self._a.info
 
-    @property
-    def aio(self) -> AsyncSandbox:
-        """The async sandbox underneath."""
-        return self._a
+    async def to_async(self) -> AsyncSandbox:
+        """An :class:`AsyncSandbox` on the same sandbox for the *calling* event loop (the
+        sync facade's own one lives in another thread and must not be awaited from here).
+        Destroying either destroys the sandbox."""
+        return await AsyncSandbox.connect(
+            self.id, secrets=self._a._secrets or None, home=self._a.backend.home
+        )
 
-    def exec(self, cmd: list[str] | str, **kwargs: Any) -> ExecResult:
-        """Run a command; arguments as :meth:`AsyncSandbox.exec`."""
-        return _Loop.run(self._a.exec(cmd, **kwargs))
+    def exec(
+        self,
+        cmd: list[str] | str,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = None,
+        user: str | None = None,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        isolate: IsolatedExec | None = None,
+    ) -> ExecResult:
+        """Run a command; arguments and errors as :meth:`AsyncSandbox.exec`. Ctrl-C kills
+        the command's process tree before ``KeyboardInterrupt`` reaches the caller."""
+        return _Loop.run(
+            self._a.exec(
+                cmd,
+                cwd=cwd,
+                env=env,
+                stdin=stdin,
+                timeout=timeout,
+                user=user,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                isolate=isolate,
+            )
+        )
 
-    def snapshot(self, *, memory: bool = False, name: str | None = None) -> str:
-        """Capture the current state as a new baseline (or memory snapshot)."""
-        return _Loop.run(self._a.snapshot(memory=memory, name=name))
+    def snapshot(self, *, name: str | None = None) -> str:
+        """The filesystem's current state as a new baseline; returns its digest."""
+        return _Loop.run(self._a.snapshot(name=name))
+
+    def snapshot_memory(self) -> str:
+        """Memory + devices + disk as a restorable snapshot (``microvm``); returns its id."""
+        return _Loop.run(self._a.snapshot_memory())
 
     def fork(self, n: int) -> list[Sandbox]:
         """``n`` independent sandboxes from the current state."""

@@ -14,19 +14,41 @@ in host resources named after the id and the home's tag.
 
 All I/O methods are ``async``; :mod:`rollbox.sandbox` offers the public async API and a
 sync facade with the same names.
+
+Operations differ by backend only where :class:`~rollbox.models.Capabilities` says so;
+callers check :meth:`Backend.require` first and an operation a backend lacks raises
+:class:`~rollbox.errors.UnsupportedOperationError` (naming backend and operation):
+
+============== ====================================== ======================================
+operation      ``namespace`` / ``gvisor``             ``microvm``
+============== ====================================== ======================================
+``snapshot``   filesystem changes -> new baseline     same (the guest's filesystem diff)
+``fork``       filesystem only: copies of the upper   memory + processes: running copies
+               layer, each starting with no process   restored from one memory snapshot
+``snapshot_``  unsupported                            RAM + devices + frozen disk ->
+``memory``                                            ``snap-...`` (``from_snapshot``)
+``pause``      cgroup freezer                         QMP ``stop`` / ``cont``
+============== ====================================== ======================================
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from rollbox.backends.common.copylinks import LinkPolicy
 from rollbox.backends.isolation import IsolatedExec
 from rollbox.config import Home
+from rollbox.errors import UnsupportedOperationError
 from rollbox.models import BaselineInfo, Capabilities, ExecResult, SandboxInfo, SandboxSpec
+
+if TYPE_CHECKING:
+    from rollbox.backends.config import BackendConfig
+
+Operation = Literal["snapshot", "memory_snapshot", "fork", "pause", "users"]
+"""An optional operation, named as its flag in :class:`~rollbox.models.Capabilities`."""
 
 OutputCallback = Callable[[str], None]
 """Receives decoded chunks of a command's stdout or stderr as they arrive."""
@@ -148,27 +170,58 @@ class SandboxHandle(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def snapshot(self, *, memory: bool = False, name: str | None = None) -> str:
-        """Capture the sandbox's state while it keeps running.
+    async def snapshot(self, *, name: str | None = None) -> str:
+        """Capture the sandbox's filesystem while it keeps running (capability ``snapshot``).
+
+        On every backend this is the filesystem only: the changes since the baseline become
+        a new top layer of a new baseline (processes and memory are not captured; see
+        :meth:`snapshot_memory` for that).
 
         Args:
-            memory: also capture memory and devices (backends with ``memory_snapshot``);
-                the result is then a snapshot id usable as ``SandboxSpec.from_snapshot``.
             name: optional name/tag for the new baseline.
 
         Returns:
-            The new baseline's digest (its filesystem changes as a top layer, parent recorded),
-            or, with ``memory=True``, the memory snapshot's id.
+            The new baseline's digest (``sha256:...``; its parent is recorded).
+
+        Raises:
+            SandboxStateError: the sandbox is destroyed.
         """
+
+    async def snapshot_memory(self) -> str:
+        """Capture memory, devices and disk while the sandbox keeps running (capability
+        ``memory_snapshot``: ``microvm`` only).
+
+        Returns:
+            The memory snapshot's id (``snap-...``), restorable with
+            ``SandboxSpec.from_snapshot`` (processes resume where they were).
+
+        Raises:
+            UnsupportedOperationError: the backend has no memory snapshots (``namespace``,
+                ``gvisor``: their ``runsc checkpoint`` hangs here).
+        """
+        raise UnsupportedOperationError(
+            self.info.backend, "memory_snapshot", hint="use backend microvm"
+        )
 
     @abc.abstractmethod
     async def fork(self, n: int) -> list[SandboxHandle]:
         """Make ``n`` new sandboxes from this one's current state, independent of each other
-        and of this one."""
+        and of this one (capability ``fork``).
+
+        What "state" means depends on the backend: on ``namespace`` and ``gvisor`` it is
+        the filesystem only (each fork gets a copy of the writable layer and starts with no
+        process running); on ``microvm`` it is memory + processes + disk (each fork is a
+        running copy restored from one memory snapshot, processes included).
+
+        Raises:
+            InvalidInputError: ``n < 1``.
+            SandboxStateError: the sandbox is destroyed.
+        """
 
     @abc.abstractmethod
     async def pause(self) -> None:
-        """Freeze every process inside (no CPU time) until :meth:`resume`."""
+        """Freeze every process inside (no CPU time) until :meth:`resume` (capability
+        ``pause``)."""
 
     @abc.abstractmethod
     async def resume(self) -> None:
@@ -183,15 +236,51 @@ class SandboxHandle(abc.ABC):
 
 
 class Backend(abc.ABC):
-    """An isolation backend. Instances are cheap; one per (backend, home)."""
+    """An isolation backend. Instances are cheap; one per (backend, home).
+
+    Register a subclass with :func:`rollbox.backends.registry.register_backend` (or the
+    ``rollbox.backends`` entry-point group) to make it available by name.
+    """
 
     name: ClassVar[str]
     """Registry name: ``namespace``, ``gvisor``, ``microvm``."""
     capabilities: ClassVar[Capabilities]
     """What sandboxes of this backend can do."""
 
-    def __init__(self, home: Home) -> None:
+    def __init__(
+        self, home: Home, *, detached: bool = False, config: BackendConfig | None = None
+    ) -> None:
+        """Args:
+        home: the data home.
+        detached: sandboxes created (and forked) through this instance have no owner
+            process: they outlive it until destroyed or their TTL (CLI ``sandbox create``).
+        config: this backend's tuning (:mod:`rollbox.backends.config`); default: its
+            defaults with the ``ROLLBOX_*`` environment overrides applied.
+        """
         self.home = home
+        self.detach = detached
+        """When True, created sandboxes have no owner process (see ``detached``)."""
+        self._config = config
+        self._resolved: BackendConfig | None = None
+
+    @property
+    def config(self) -> BackendConfig:
+        """This backend's tuning (environment overrides applied)."""
+        if self._resolved is None:
+            from rollbox.backends.config import config_for
+
+            self._resolved = config_for(self.name, self._config)
+        return self._resolved
+
+    def require(self, operation: Operation) -> None:
+        """Check that this backend offers ``operation`` before using it.
+
+        Raises:
+            UnsupportedOperationError: it does not (naming the backend and the operation).
+        """
+        if not getattr(self.capabilities, operation):
+            hint = "use backend microvm" if operation == "memory_snapshot" else None
+            raise UnsupportedOperationError(self.name, operation, hint=hint)
 
     @abc.abstractmethod
     def version(self) -> str:
@@ -225,6 +314,18 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
+    def destroy_by_id(self, sandbox_id: str) -> list[str]:
+        """Destroy a sandbox of this backend in this home by id, live or not, without
+        attaching to it (idempotent; what ``rollbox sandbox rm`` and the TTL reaper use).
+
+        Returns:
+            One human-readable line per removed resource (empty when nothing was left).
+
+        Raises:
+            TeardownError: something could not be removed (every other step still ran).
+        """
+
+    @abc.abstractmethod
     def list_sandboxes(self) -> list[SandboxInfo]:
         """The sandboxes of this backend in this home (live ones and unreaped leftovers)."""
 
@@ -251,4 +352,73 @@ class Backend(abc.ABC):
                 hint=f"supported: {', '.join(caps.network_modes)}",
             )
         if spec.from_snapshot and not caps.memory_snapshot:
-            raise CapabilityError(f"backend {self.name!r} has no memory snapshots")
+            raise UnsupportedOperationError(
+                self.name, "memory_snapshot", hint="use backend microvm"
+            )
+
+
+class MemorySnapshotRecord(Protocol):
+    """What a memory snapshot's record tells (microvm: ``MemorySnapshot``)."""
+
+    @property
+    def id(self) -> str:
+        """``snap-<ulid>``."""
+
+    @property
+    def source(self) -> str:
+        """The sandbox it was taken of."""
+
+    @property
+    def baseline(self) -> str:
+        """Digest of the filesystem baseline under it."""
+
+    @property
+    def ephemeral(self) -> bool:
+        """Made by ``fork()`` and removed once unused."""
+
+    @property
+    def layout(self) -> str:
+        """How the memory is stored (backend-specific)."""
+
+    def model_dump(self, *, mode: str = "python") -> dict[str, Any]:
+        """The record as a dict (``mode="json"``: JSON-ready)."""
+
+
+class MemorySnapshots(abc.ABC):
+    """Capability interface of backends whose ``capabilities.memory_snapshot`` is set: the
+    stored memory snapshots of a home. Test with ``isinstance(backend, MemorySnapshots)``
+    or use :func:`memory_snapshots`."""
+
+    @abc.abstractmethod
+    def list_snapshots(self) -> Sequence[MemorySnapshotRecord]:
+        """The memory snapshots of this home."""
+
+    @abc.abstractmethod
+    def load_snapshot(self, snap_id: str) -> MemorySnapshotRecord:
+        """The record of ``snap_id``.
+
+        Raises:
+            InvalidInputError: not a snapshot id.
+            NotFoundError: no such snapshot.
+        """
+
+    @abc.abstractmethod
+    def remove_snapshot(self, snap_id: str) -> None:
+        """Delete a memory snapshot.
+
+        Raises:
+            NotFoundError: no such snapshot.
+            InUseError: a live sandbox or another snapshot depends on it.
+        """
+
+
+def memory_snapshots(backend: Backend) -> MemorySnapshots:
+    """``backend`` as its memory-snapshot interface.
+
+    Raises:
+        UnsupportedOperationError: the backend has no memory snapshots.
+    """
+    backend.require("memory_snapshot")
+    if not isinstance(backend, MemorySnapshots):  # declared but not implemented
+        raise UnsupportedOperationError(backend.name, "memory_snapshot")
+    return backend

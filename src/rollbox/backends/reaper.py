@@ -171,14 +171,7 @@ def reap_once(home: Home, tries: _Tries | None = None) -> list[str]:
         if info.state == "destroyed" or not expired(info) or tries.skip(info.id):
             continue
         try:
-            be = get_backend(info.backend, home)
-            destroy = getattr(be, "destroy_by_id", None)
-            if destroy is not None:
-                destroy(info.id)
-            else:
-                import asyncio
-
-                asyncio.run(_destroy(be, info.id))
+            get_backend(info.backend, home).destroy_by_id(info.id)
         except (RollboxError, OSError) as exc:
             n = tries.failed(info.id)
             text = str(exc).replace("\n", " ")
@@ -191,14 +184,6 @@ def reap_once(home: Home, tries: _Tries | None = None) -> list[str]:
             continue
         done.append(info.id)
     return done
-
-
-async def _destroy(be: object, sandbox_id: str) -> None:
-    from rollbox.backends.base import Backend
-
-    assert isinstance(be, Backend)
-    handle = await be.attach(sandbox_id)
-    await handle.destroy()
 
 
 def run(home: Home, lock_fd: int | None = None) -> None:

@@ -10,22 +10,19 @@ import asyncio
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import typer
 from pydantic import ValidationError
 
-from rollbox.backends.base import Backend, SandboxHandle
-from rollbox.backends.registry import backend_class
+from rollbox.backends.base import Backend, MemorySnapshots, SandboxHandle, memory_snapshots
+from rollbox.backends.registry import new_backend
 from rollbox.backends.state import list_states, read_state
 from rollbox.cli import validate
 from rollbox.cli.output import JSON_OPTION, emit
 from rollbox.config import Home
 from rollbox.errors import ExecTimeoutError, InvalidInputError, LimitsError
 from rollbox.models import Limits, SandboxInfo, SandboxSpec, utcnow
-
-if TYPE_CHECKING:
-    from rollbox.backends.microvm import MicroVMBackend
 
 app = typer.Typer(help="Create and use sandboxes.", no_args_is_help=True)
 
@@ -50,9 +47,7 @@ def _detached_backend(name: str, home: Home) -> Backend:
     """A private backend instance whose sandboxes (and forks) have no owner process: they
     outlive this CLI process. Not the registry's shared instance, so library sandboxes made
     in the same process keep their owner."""
-    be = backend_class(name)(home)
-    be.detach = True  # type: ignore[attr-defined]
-    return be
+    return new_backend(name, home, detached=True)
 
 
 def _backend_for(home: Home, sandbox_id: str) -> tuple[Backend, SandboxInfo]:
@@ -129,13 +124,7 @@ def create_cmd(
             raise InvalidInputError(
                 "--from-snapshot restores the snapshot's own baseline; drop --baseline"
             )
-        if not be.capabilities.memory_snapshot:
-            raise InvalidInputError(
-                f"backend {backend!r} has no memory snapshots; use --backend microvm"
-            )
-        from rollbox.backends.microvm import snapshot as snaps
-
-        baseline = snaps.load(home, from_snapshot).baseline
+        baseline = memory_snapshots(be).load_snapshot(from_snapshot).baseline
     info = store.default() if baseline is None else store.resolve(baseline)
     spec = SandboxSpec(
         baseline=info.digest,
@@ -271,7 +260,11 @@ def snapshot_cmd(
         raise InvalidInputError("--name names a filesystem baseline; drop it with --memory")
 
     async def go() -> str:
-        return await (await _attach(home, sandbox_id)).snapshot(name=name, memory=memory)
+        h = await _attach(home, sandbox_id)
+        if memory:
+            _backend_for(home, sandbox_id)[0].require("memory_snapshot")
+            return await h.snapshot_memory()
+        return await h.snapshot(name=name)
 
     ref = _run(go())
     if memory:
@@ -280,17 +273,16 @@ def snapshot_cmd(
         emit({"digest": ref, "sandbox": sandbox_id, "name": name}, json_, ref)
 
 
-def _microvm(home: Home) -> MicroVMBackend:
-    from rollbox.backends.microvm import MicroVMBackend
-
-    return MicroVMBackend(home)
+def _memory_backend(home: Home) -> MemorySnapshots:
+    """The backend that keeps memory snapshots (microvm), through the registry."""
+    return memory_snapshots(new_backend("microvm", home))
 
 
 @app.command("snapshots")
 def snapshots_cmd(json_: bool = JSON_OPTION) -> None:
     """List memory snapshots (microvm)."""
     home = Home.from_env()
-    records = _microvm(home).list_snapshots()
+    records = _memory_backend(home).list_snapshots()
 
     def human() -> None:
         if not records:
@@ -309,7 +301,7 @@ def snapshot_rm_cmd(
 ) -> None:
     """Delete a memory snapshot (refused while a sandbox or snapshot stacks on it)."""
     home = Home.from_env()
-    _microvm(home).remove_snapshot(snapshot_id)
+    _memory_backend(home).remove_snapshot(snapshot_id)
     emit({"removed": snapshot_id}, json_, f"removed {snapshot_id}")
 
 
@@ -327,6 +319,7 @@ def fork_cmd(
         raise InvalidInputError("-n must be >= 1")
 
     async def go() -> list[SandboxHandle]:
+        _backend_for(home, sandbox_id)[0].require("fork")
         return await (await _attach(home, sandbox_id)).fork(n)
 
     handles = _run(go())
@@ -339,6 +332,7 @@ def pause_cmd(sandbox_id: str = typer.Argument(...), json_: bool = JSON_OPTION) 
     home = Home.from_env()
 
     async def go() -> None:
+        _backend_for(home, sandbox_id)[0].require("pause")
         await (await _attach(home, sandbox_id)).pause()
 
     _run(go())
@@ -374,11 +368,7 @@ def rm_cmd(
     async def go() -> None:
         for sid in ids:
             be, _ = _backend_for(home, sid)
-            destroy = getattr(be, "destroy_by_id", None)
-            if destroy is not None:
-                await asyncio.to_thread(destroy, sid)
-            else:
-                await (await be.attach(sid)).destroy()
+            await asyncio.to_thread(be.destroy_by_id, sid)
 
     _run(go())
     emit({"removed": ids}, json_, "\n".join(f"removed {i}" for i in ids) or "nothing to remove")

@@ -29,10 +29,7 @@ def sbx_home(linked_home: Home, dev_baseline: BaselineInfo) -> Iterator[Home]:
 
     for info in list_states(home):
         try:
-            be = get_backend(info.backend, home)
-            destroy = getattr(be, "destroy_by_id", None)
-            if destroy is not None:
-                destroy(info.id)
+            get_backend(info.backend, home).destroy_by_id(info.id)
         except Exception:
             pass
 

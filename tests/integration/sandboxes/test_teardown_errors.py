@@ -154,7 +154,7 @@ def test_microvm_destroy_reports_network_cgroup_and_dir_failures(
     sdir = sandbox_dir(sbx_home, info.id)
     with immutable(sdir / "overlay.qcow2"), immutable(sdir / "state.json"):
         with pytest.raises(TeardownError) as err:
-            be.destroy_by_id(info.id)  # type: ignore[attr-defined]
+            be.destroy_by_id(info.id)
         text = " | ".join(err.value.errors)
         assert "network: BackendError: veth rtest0 is busy" in text
         assert "cgroup: " in text and "resource busy" in text

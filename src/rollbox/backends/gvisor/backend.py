@@ -51,10 +51,12 @@ from rollbox.backends.base import OutputCallback, command_argv
 from rollbox.backends.common.bundle import DEFAULT_PATH, oci_config, write_bundle
 from rollbox.backends.common.cgroups import Cgroup
 from rollbox.backends.common.reasons import dir_full, fork_failed, tracked
+from rollbox.backends.config import BackendConfig
 from rollbox.backends.gvisor.helper import helper_binary, statx_shim
 from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.namespace.backend import NamespaceBackend, NamespaceSandbox, _ping_sync
 from rollbox.backends.namespace.capture import StreamCapture
+from rollbox.backends.registry import register_backend
 from rollbox.backends.state import read_state
 from rollbox.config import Home
 from rollbox.errors import (
@@ -68,6 +70,7 @@ from rollbox.errors import (
     SandboxExhaustedError,
     SandboxNotFoundError,
     TeardownError,
+    UnsupportedOperationError,
 )
 from rollbox.models import BaselineInfo, Capabilities, ExecResult, SandboxInfo, SandboxSpec
 
@@ -98,6 +101,7 @@ def runsc_root(home: Home) -> Path:
     return home.root / "runsc"
 
 
+@register_backend
 class GVisorBackend(NamespaceBackend):
     """gVisor's user-space kernel (``runsc``, ptrace platform) around the same sandbox."""
 
@@ -111,8 +115,10 @@ class GVisorBackend(NamespaceBackend):
         users=True,
     )
 
-    def __init__(self, home: Home) -> None:
-        super().__init__(home)
+    def __init__(
+        self, home: Home, *, detached: bool = False, config: BackendConfig | None = None
+    ) -> None:
+        super().__init__(home, detached=detached, config=config)
         self._runsc: str | None = None
         self._helper: Path | None = None
         self._statx: Path | None = None
@@ -173,10 +179,10 @@ class GVisorBackend(NamespaceBackend):
     def check(self, spec: SandboxSpec) -> None:
         """Preflight as the namespace backend; memory snapshots are refused."""
         if spec.from_snapshot:
-            raise CapabilityError(
-                "backend 'gvisor' has no memory snapshots (runsc checkpoint/restore hangs on "
-                "this runsc build)",
-                hint="use backend microvm",
+            raise UnsupportedOperationError(
+                "gvisor",
+                "memory_snapshot",
+                hint="runsc checkpoint/restore hangs on this runsc build; use backend microvm",
             )
         super().check(spec)
 

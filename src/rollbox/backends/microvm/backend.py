@@ -29,9 +29,16 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rollbox.backends.agent.protocol import decode_collected
-from rollbox.backends.base import Backend, OutputCallback, SandboxHandle, command_argv
+from rollbox.backends.base import (
+    Backend,
+    MemorySnapshots,
+    OutputCallback,
+    SandboxHandle,
+    command_argv,
+)
 from rollbox.backends.common.copylinks import LinkPolicy, in_tree_text, resolve_lexically
 from rollbox.backends.common.reasons import is_full, tracked
+from rollbox.backends.config import BackendConfig, MicroVMConfig
 from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.microvm import disk, memfile, probe, qemu
 from rollbox.backends.microvm import snapshot as snaps
@@ -41,6 +48,7 @@ from rollbox.backends.microvm.initramfs import ensure_initramfs
 from rollbox.backends.microvm.kernel import GuestKernel, ensure_kernel
 from rollbox.backends.namespace.files import normalize as root_relative
 from rollbox.backends.namespace.teardown import why_not_removed
+from rollbox.backends.registry import register_backend
 from rollbox.backends.state import (
     expired,
     list_states,
@@ -58,11 +66,13 @@ from rollbox.errors import (
     CorruptionError,
     ExecTimeoutError,
     InvalidInputError,
+    IsADirectoryInSandboxError,
     LimitsError,
     NotFoundError,
     PathEscapeError,
     RollboxError,
     SandboxCrashedError,
+    SandboxFileNotFoundError,
     SandboxNotFoundError,
     SandboxStateError,
     TeardownError,
@@ -219,8 +229,10 @@ def _raise_agent_error(err: dict[str, Any], path: str = "") -> None:
     if kind == "escape":
         raise PathEscapeError(f"sandbox path {path or msg!r} resolves outside the sandbox root")
     if kind == "not_found":
-        raise NotFoundError(f"no such file in the sandbox: {path or msg}")
-    if kind in ("is_dir", "not_dir", "user"):
+        raise SandboxFileNotFoundError(f"no such file in the sandbox: {path or msg}")
+    if kind == "is_dir":
+        raise IsADirectoryInSandboxError(f"{path}: {msg}")
+    if kind in ("not_dir", "user"):
         raise InvalidInputError(f"{msg}" if kind == "user" else f"{path}: {msg}")
     if kind == "nopython":  # the baseline lacks what this operation needs in the guest
         raise InvalidInputError(msg)
@@ -534,7 +546,7 @@ class MicroVMSandbox(SandboxHandle):
         if "error" in st:
             _raise_agent_error(st["error"], p)
         if not st.get("exists"):
-            raise NotFoundError(f"no such file in the sandbox: {p}")
+            raise SandboxFileNotFoundError(f"no such file in the sandbox: {p}")
         if st.get("link"):  # follow it inside the sandbox (the guest's own root)
             await self._download(str(st["realpath"]), dest, links, depth + 1, name)
             return
@@ -617,12 +629,14 @@ class MicroVMSandbox(SandboxHandle):
                 await self._fix_links(Path(entry.path), sub, top, links, depth)
 
     # ------------------------------------------------------------------ snapshots
-    async def snapshot(self, *, memory: bool = False, name: str | None = None) -> str:
+    async def snapshot(self, *, name: str | None = None) -> str:
+        """The guest's filesystem changes as a new baseline (parent recorded)."""
         self._usable()
-        if memory:
-            snap = await self.memory_snapshot()
-            return snap.id
         return await self._fs_snapshot(name)
+
+    async def snapshot_memory(self) -> str:
+        """RAM + devices + frozen disk; see :meth:`SandboxHandle.snapshot_memory`."""
+        return (await self.memory_snapshot()).id
 
     async def _fs_snapshot(self, name: str | None) -> str:
         from rollbox.baselines.layers import convert_oci_whiteouts
@@ -705,7 +719,9 @@ class MicroVMSandbox(SandboxHandle):
                     )
                 finally:
                     mon.execute("cont")
-            layout, size, sha, ram = self._store_memory(mem, sdir)
+            layout, size, sha, ram = self._store_memory(
+                mem, sdir, self.backend.vm_config.split_memory
+            )
             old_disk = vm.disk
             vm.disk = str(new_disk)
             self._info.extra["vm"] = vm.to_json()
@@ -747,11 +763,13 @@ class MicroVMSandbox(SandboxHandle):
                     os.unlink(frozen)
 
     @staticmethod
-    def _store_memory(mem: Path, sdir: Path) -> tuple[str, int, str, memfile.Split | None]:
+    def _store_memory(
+        mem: Path, sdir: Path, split: bool = SPLIT_MEMORY
+    ) -> tuple[str, int, str, memfile.Split | None]:
         """Split the saved stream into RAM image + state (or keep it whole when the
         splitter does not understand it); returns (layout, stream size, stream sha256,
         split)."""
-        if SPLIT_MEMORY:
+        if split:
             for name in ("ram.img", "state.bin"):  # a boot snapshot rewritten in place
                 with contextlib.suppress(OSError):
                     os.unlink(sdir / name)
@@ -842,7 +860,8 @@ def _safe_extract(f: Any, dest: Path) -> None:
         tar.extractall(dest, filter=keep, numeric_owner=True)
 
 
-class MicroVMBackend(Backend):
+@register_backend
+class MicroVMBackend(Backend, MemorySnapshots):
     """QEMU microVMs: KVM where usable, TCG otherwise; memory snapshots, restore, fork."""
 
     name: ClassVar[str] = "microvm"
@@ -855,9 +874,10 @@ class MicroVMBackend(Backend):
         users=True,
     )
 
-    def __init__(self, home: Home) -> None:
-        super().__init__(home)
-        self.detach = False
+    def __init__(
+        self, home: Home, *, detached: bool = False, config: BackendConfig | None = None
+    ) -> None:
+        super().__init__(home, detached=detached, config=config)
         self._kernel: GuestKernel | None = None
         self._initrd: Path | None = None
         self._accel: probe.ProbeResult | None = None
@@ -942,7 +962,7 @@ class MicroVMBackend(Backend):
         tpl_dir = self._template_dir(
             assets, baseline.digest, mem, cpus, disk_mb, str(self._initrd), nic
         )
-        if TEMPLATES and (tpl_dir / "meta.json").is_file():
+        if self.vm_config.boot_snapshots and (tpl_dir / "meta.json").is_file():
             try:
                 rec = snaps.MemorySnapshot.model_validate_json((tpl_dir / "meta.json").read_text())
                 return await self._restore(rec, spec, template=(tpl_dir, baseline))
@@ -995,12 +1015,12 @@ class MicroVMBackend(Backend):
             info.extra["qemu_pid"] = pid = await asyncio.to_thread(qemu.start, vm)
             write_state(self.home, info)
             await asyncio.to_thread(_host_cgroup, self.home, sid, spec, pid)
-            async with handle._session(timeout=BOOT_TIMEOUT_S) as ch:
-                if TEMPLATES and not (tpl_dir / "meta.json").exists():
+            async with handle._session(timeout=self.vm_config.boot_timeout_s) as ch:
+                if self.vm_config.boot_snapshots and not (tpl_dir / "meta.json").exists():
                     await ch.call("quiesce", drop_caches=True)
-            if TEMPLATES:
+            if self.vm_config.boot_snapshots:
                 await asyncio.to_thread(handle._save_template, tpl_dir)
-            async with handle._session(timeout=BOOT_TIMEOUT_S) as ch:
+            async with handle._session(timeout=self.vm_config.boot_timeout_s) as ch:
                 await ch.call("configure", **_configure_args(spec))
             info.state = "running"
             write_state(self.home, info)
@@ -1128,7 +1148,7 @@ class MicroVMBackend(Backend):
             )
             await asyncio.to_thread(self._load_memory, info, vm, mem_file, snap)
             write_state(self.home, info)
-            async with handle._session(timeout=BOOT_TIMEOUT_S) as ch:
+            async with handle._session(timeout=self.vm_config.boot_timeout_s) as ch:
                 await ch.call(
                     "restored",
                     time_ns=time.time_ns(),
@@ -1210,7 +1230,7 @@ class MicroVMBackend(Backend):
 
         t = threading.Thread(target=feed, daemon=True)
         t.start()
-        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        deadline = time.monotonic() + self.vm_config.boot_timeout_s
         status = "unknown"
         mon: qemu.QMP | None = None
         try:
@@ -1315,6 +1335,18 @@ class MicroVMBackend(Backend):
     def list_snapshots(self) -> list[snaps.MemorySnapshot]:
         """The memory snapshots of this home."""
         return snaps.all_snapshots(self.home)
+
+    @property
+    def vm_config(self) -> MicroVMConfig:
+        """:attr:`config` as the microVM's own model."""
+        cfg = self.config
+        if not isinstance(cfg, MicroVMConfig):
+            raise InvalidInputError(f"a {cfg.type!r} config was given to backend 'microvm'")
+        return cfg
+
+    def load_snapshot(self, snap_id: str) -> snaps.MemorySnapshot:
+        """The record of ``snap_id`` (see :func:`snapshot.load`)."""
+        return snaps.load(self.home, snap_id)
 
     def remove_snapshot(self, snap_id: str) -> None:
         """Delete a memory snapshot.

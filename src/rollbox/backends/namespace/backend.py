@@ -40,11 +40,13 @@ from rollbox.backends.common.cgroups import Cgroup, remove_orphan_cgroups
 from rollbox.backends.common.copylinks import LinkPolicy
 from rollbox.backends.common.reasons import dir_full, pids_max_hits, tracked
 from rollbox.backends.common.rootfs import Rootfs, remove_orphan_mounts, remove_sandbox_dir
+from rollbox.backends.config import BackendConfig
 from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.namespace import teardown
 from rollbox.backends.namespace.capture import StreamCapture
 from rollbox.backends.namespace.files import RootFiles
 from rollbox.backends.namespace.seccomp import filter_file
+from rollbox.backends.registry import register_backend
 from rollbox.backends.state import (
     expired,
     list_states,
@@ -135,6 +137,7 @@ def _tool_version(argv: list[str]) -> str:
     return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
 
 
+@register_backend
 class NamespaceBackend(Backend):
     """Linux namespaces via bubblewrap, cgroup v1 limits, seccomp, dropped capabilities."""
 
@@ -148,10 +151,10 @@ class NamespaceBackend(Backend):
         users=True,
     )
 
-    def __init__(self, home: Home) -> None:
-        super().__init__(home)
-        self.detach = False
-        """When True, created sandboxes have no owner process (CLI ``sandbox create``)."""
+    def __init__(
+        self, home: Home, *, detached: bool = False, config: BackendConfig | None = None
+    ) -> None:
+        super().__init__(home, detached=detached, config=config)
         self._agent: Path | None = None
         self._seccomp: Path | None = None
         self._prepare_lock = threading.Lock()
@@ -391,16 +394,20 @@ class NamespaceBackend(Backend):
         """Sandboxes of this backend in this home."""
         return list_states(self.home, self.name)
 
-    def destroy_by_id(self, sandbox_id: str) -> None:
-        """Destroy a sandbox of this home by id (idempotent)."""
+    def destroy_by_id(self, sandbox_id: str) -> list[str]:
+        """Destroy a sandbox of this home by id (idempotent); see
+        :meth:`Backend.destroy_by_id`. One line for the sandbox when anything of it was
+        left (its state, cgroup, network and directory go together)."""
         try:
             info = read_state(self.home, sandbox_id)
         except SandboxNotFoundError:
             info = None
+        existed = sandbox_dir(self.home, sandbox_id).exists()
         if info is None:
             self._teardown_names(sandbox_id, None)
         else:
             self._teardown(info)
+        return [f"sandbox {sandbox_id}"] if existed else []
 
     def _teardown(self, info: SandboxInfo) -> None:
         net = info.extra.get("net")
@@ -841,14 +848,8 @@ class NamespaceSandbox(SandboxHandle):
 
     # ------------------------------------------------------------------ snapshot / fork
 
-    async def snapshot(self, *, memory: bool = False, name: str | None = None) -> str:
+    async def snapshot(self, *, name: str | None = None) -> str:
         """The current filesystem changes as a new baseline (parent recorded)."""
-        from rollbox.errors import CapabilityError
-
-        if memory:
-            raise CapabilityError(
-                "the namespace backend has no memory snapshots", hint="use backend microvm"
-            )
         self._require_live()
         return await asyncio.to_thread(self._snapshot_sync, name)
 

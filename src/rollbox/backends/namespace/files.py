@@ -22,7 +22,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rollbox.backends.common.copylinks import LinkPolicy, in_tree_text, resolve_lexically
-from rollbox.errors import InvalidInputError, NotFoundError, PathEscapeError
+from rollbox.errors import (
+    InvalidInputError,
+    IsADirectoryInSandboxError,
+    NotFoundError,
+    PathEscapeError,
+    SandboxFileNotFoundError,
+)
 
 SYS_OPENAT2 = 437  # x86_64 and aarch64
 RESOLVE_NO_MAGICLINKS = 0x02
@@ -91,9 +97,9 @@ def _translate(exc: OSError, path: str) -> Exception:
             f"sandbox path {path!r} resolves outside the sandbox root (symlink or '..')"
         )
     if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-        return NotFoundError(f"no such file in the sandbox: {path}")
+        return SandboxFileNotFoundError(f"no such file in the sandbox: {path}")
     if exc.errno == errno.EISDIR:
-        return InvalidInputError(f"{path} is a directory in the sandbox")
+        return IsADirectoryInSandboxError(f"{path} is a directory in the sandbox")
     if exc.errno == errno.ENOSPC:
         from rollbox.errors import LimitsError
 
@@ -162,7 +168,7 @@ class RootFiles:
             try:
                 st = os.fstat(fd)
                 if stat.S_ISDIR(st.st_mode):
-                    raise InvalidInputError(f"{path} is a directory in the sandbox")
+                    raise IsADirectoryInSandboxError(f"{path} is a directory in the sandbox")
                 if not stat.S_ISREG(st.st_mode):
                     raise InvalidInputError(f"{path} is not a regular file in the sandbox")
                 chunks = []
