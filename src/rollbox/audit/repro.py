@@ -3,7 +3,8 @@ end identically — same outcome, same filesystem diff. Any difference is named 
 value.
 
 The rollouts go through the rollout runner (``rollbox.rollouts.runs.Run``) with the
-``oracle`` agent, so what is compared is exactly what ``rollbox run`` records. Without
+``oracle`` agent, so what is compared is exactly what ``rollbox run`` records, and judged by
+the same comparator as ``rollbox repro`` (:func:`rollbox.rollouts.repro.differences`). Without
 ``--task``, a built-in deterministic task is written to a scratch directory: its solution
 adds, modifies and deletes files (content computed, not random) and its verifier checks them.
 """
@@ -19,7 +20,19 @@ from rich.console import Console
 from rich.table import Table
 
 from rollbox.config import Home
-from rollbox.models import Model, RolloutRecord
+from rollbox.models import Model
+from rollbox.rollouts.repro import Difference, differences, fs_of, outcome_of
+
+__all__ = [
+    "Difference",
+    "ReproReport",
+    "compare",
+    "fs_of",
+    "outcome_of",
+    "render_repro",
+    "run_repro",
+    "write_builtin_task",
+]
 
 _TASK_TOML = """\
 [task]
@@ -77,15 +90,6 @@ def write_builtin_task(dest: Path) -> Path:
     return dest
 
 
-class Difference(Model):
-    """One path or field whose value is not the same in every rollout."""
-
-    what: str
-    """``outcome:<field>`` or ``fs:<path>``."""
-    values: dict[str, Any]
-    """Rollout id → value (``absent`` when the path is not in that rollout's diff)."""
-
-
 class ReproReport(Model):
     """The result of ``audit --repro``."""
 
@@ -115,40 +119,8 @@ class ReproReport(Model):
     """What differs."""
 
 
-def outcome_of(rec: RolloutRecord) -> dict[str, Any]:
-    """The fields of a rollout's outcome that must repeat."""
-    v = rec.verifier
-    return {
-        "status": rec.status,
-        "error": rec.error,
-        "exit_codes": dict(sorted(rec.exit_codes.items())),
-        "reward": v.reward if v else None,
-        "passed": v.passed if v else None,
-        "verifier_error": v.error if v else None,
-    }
-
-
-def fs_of(rec: RolloutRecord) -> dict[str, str]:
-    """Path → ``kind type size sha256`` of a rollout's filesystem diff."""
-    return {c.path: f"{c.kind} {c.type} {c.size} {c.sha256}" for c in rec.fs_diff}
-
-
-def compare(records: list[RolloutRecord]) -> list[Difference]:
-    """Every outcome field and diff path whose value is not the same across ``records``."""
-    diffs: list[Difference] = []
-    outs = {r.id: outcome_of(r) for r in records}
-    fields = sorted({f for o in outs.values() for f in o})
-    for f in fields:
-        vals = {rid: o.get(f) for rid, o in outs.items()}
-        if len({repr(v) for v in vals.values()}) > 1:
-            diffs.append(Difference(what=f"outcome:{f}", values=vals))
-    fss = {r.id: fs_of(r) for r in records}
-    paths = sorted({p for fs in fss.values() for p in fs})
-    for p in paths:
-        vals = {rid: fs.get(p, "absent") for rid, fs in fss.items()}
-        if len(set(vals.values())) > 1:
-            diffs.append(Difference(what=f"fs:{p}", values=vals))
-    return diffs
+compare = differences
+"""The audit's name for the one comparator (:func:`rollbox.rollouts.repro.differences`)."""
 
 
 async def run_repro(

@@ -1,4 +1,10 @@
-"""``rollbox repro``: re-run a run's rollouts from their records and compare the outcomes."""
+"""Reproducibility: re-run rollouts from their records and compare them.
+
+One comparator (:func:`differences`: outcome fields incl. exit codes and error, and every
+filesystem diff entry by kind, type, size and hash) serves ``rollbox repro RUN``
+(:func:`repro_run`, original vs replay through :func:`compare`) and ``rollbox audit --repro``
+(K rollouts of one task, in ``rollbox.audit.repro``).
+"""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ from rollbox import __version__
 from rollbox.config import Home
 from rollbox.errors import RollboxError, TaskError
 from rollbox.ids import new_id
-from rollbox.models import RolloutRecord, RunRecord, utcnow
+from rollbox.models import Model, RolloutRecord, RunRecord, utcnow
 from rollbox.rollouts.agents import parse_agent
 from rollbox.rollouts.runner import RolloutPlan, RolloutRunner
 from rollbox.rollouts.runs import RunEvents, executor_for
@@ -56,33 +62,91 @@ class ReproItem:
     differences: list[str]
 
 
-def _outcome(rec: RolloutRecord) -> tuple[Any, ...]:
+class Difference(Model):
+    """One path or field whose value is not the same in every rollout."""
+
+    what: str
+    """``outcome:<field>`` or ``fs:<path>``."""
+    values: dict[str, Any]
+    """Rollout id → value (``absent`` when the path is not in that rollout's diff)."""
+
+
+def outcome_of(rec: RolloutRecord) -> dict[str, Any]:
+    """The fields of a rollout's outcome that must repeat.
+
+    Exit codes and the error line count as much as the reward: a replay whose agent now
+    exits 1 (or fails for another reason) is not the same rollout, even if the verifier still
+    gives the same reward.
+    """
     v = rec.verifier
-    return (
-        rec.status,
-        None if v is None else v.reward,
-        None if v is None else v.passed,
-        None if v is None else v.error,
-    )
+    return {
+        "status": rec.status,
+        "error": rec.error,
+        "exit_codes": dict(sorted(rec.exit_codes.items())),
+        "reward": v.reward if v else None,
+        "passed": v.passed if v else None,
+        "verifier_error": v.error if v else None,
+    }
 
 
-def _diffset(rec: RolloutRecord) -> set[tuple[str, str, str | None]]:
-    return {(c.path, c.kind, c.sha256) for c in rec.fs_diff}
+def fs_of(rec: RolloutRecord) -> dict[str, str]:
+    """Path → ``kind type size sha256`` of a rollout's filesystem diff.
+
+    The object type and size count too: a path that is a directory in one rollout and a
+    symlink in another has no content hash in either (``sha256`` is None for both).
+    """
+    return {c.path: f"{c.kind} {c.type} {c.size} {c.sha256}" for c in rec.fs_diff}
+
+
+def differences(records: list[RolloutRecord]) -> list[Difference]:
+    """Every outcome field and diff path whose value is not the same across ``records``.
+
+    The one comparator of rollbox: ``rollbox repro`` (two rollouts) and ``rollbox audit
+    --repro`` (K rollouts) both judge through it.
+    """
+    diffs: list[Difference] = []
+    outs = {r.id: outcome_of(r) for r in records}
+    fields = sorted({f for o in outs.values() for f in o})
+    for f in fields:
+        vals = {rid: o.get(f) for rid, o in outs.items()}
+        if len({repr(v) for v in vals.values()}) > 1:
+            diffs.append(Difference(what=f"outcome:{f}", values=vals))
+    fss = {r.id: fs_of(r) for r in records}
+    paths = sorted({p for fs in fss.values() for p in fs})
+    for p in paths:
+        vals = {rid: fs.get(p, "absent") for rid, fs in fss.items()}
+        if len(set(vals.values())) > 1:
+            diffs.append(Difference(what=f"fs:{p}", values=vals))
+    return diffs
+
+
+MAX_FS_LINES = 20
+"""Filesystem differences spelled out per replayed rollout (the rest are counted)."""
 
 
 def compare(original: RolloutRecord, replay: RolloutRecord) -> ReproItem:
-    """Outcome (status, reward, passed, verifier error) and fs diff of two rollouts."""
-    diffs: list[str] = []
-    o, r = _outcome(original), _outcome(replay)
-    for name, a, b in zip(("status", "reward", "passed", "verifier error"), o, r, strict=True):
-        if a != b:
-            diffs.append(f"{name}: {a!r} -> {b!r}")
-    do, dr = _diffset(original), _diffset(replay)
-    for path, kind, sha in sorted(do - dr)[:10]:
-        diffs.append(f"fs: {kind} {path} {sha or ''} only in the original".rstrip())
-    for path, kind, sha in sorted(dr - do)[:10]:
-        diffs.append(f"fs: {kind} {path} {sha or ''} only in the replay".rstrip())
-    return ReproItem(original, replay, o == r, do == dr, diffs)
+    """Outcome and filesystem diff of a rollout and its replay, through :func:`differences`."""
+    if original.id == replay.id:
+        raise ValueError("a rollout cannot be compared with itself")
+    found = differences([original, replay])
+    lines: list[str] = []
+    fs = [d for d in found if d.what.startswith("fs:")]
+    for d in found:
+        a, b = d.values[original.id], d.values[replay.id]
+        if d.what.startswith("outcome:"):
+            lines.append(f"{d.what.removeprefix('outcome:')}: {a!r} -> {b!r}")
+    for d in fs[:MAX_FS_LINES]:
+        a, b = d.values[original.id], d.values[replay.id]
+        path = d.what.removeprefix("fs:")
+        if b == "absent":
+            lines.append(f"fs: {path} ({a}) only in the original")
+        elif a == "absent":
+            lines.append(f"fs: {path} ({b}) only in the replay")
+        else:
+            lines.append(f"fs: {path}: {a} -> {b}")
+    if len(fs) > MAX_FS_LINES:
+        lines.append(f"fs: {len(fs) - MAX_FS_LINES} more paths differ")
+    return ReproItem(original, replay, len(fs) == len(found), not fs, lines)
 
 
 async def repro_run(

@@ -87,15 +87,17 @@ def test_compare_outcome_and_diff(tmp_path: Path) -> None:
     v1 = VerifierOutcome(reward=1.0, passed=True)
     ch = FsChange(path="/a", kind="added", size=1, sha256="sha256:" + "0" * 64)
     a = _rec(p, 0, "done", verifier=v1, fs_diff=[ch])
-    b = _rec(p, 0, "done", verifier=v1, fs_diff=[ch])
+    b = _rec(p, 0, "done", verifier=v1, fs_diff=[ch]).model_copy(update={"id": "ro-replay"})
     same = compare(a, b)
     assert same.outcome_match and same.diff_match and same.differences == []
     other = ch.model_copy(update={"sha256": "sha256:" + "1" * 64})
-    c = _rec(p, 0, "done", verifier=VerifierOutcome(reward=0.0, passed=False), fs_diff=[other])
+    v0 = VerifierOutcome(reward=0.0, passed=False)
+    c = _rec(p, 0, "done", verifier=v0, fs_diff=[other]).model_copy(update={"id": "ro-other"})
     diff = compare(a, c)
     assert not diff.outcome_match and not diff.diff_match
     assert "reward: 1.0 -> 0.0" in diff.differences
-    assert any("only in the replay" in d for d in diff.differences)
+    # one line per path, old -> new (it was two lines: "only in the original"/"in the replay")
+    assert f"fs: /a: added file 1 {ch.sha256} -> added file 1 {other.sha256}" in diff.differences
 
 
 def test_options_validation() -> None:
