@@ -2,7 +2,9 @@
 
 Command groups live in their own modules (``rollbox.cli.<group>``) and each exposes either
 ``app`` (a ``typer.Typer`` mounted as a sub-command group) or ``register(app)`` (adds
-top-level commands). A group whose module is absent is simply not offered.
+top-level commands). Every group listed in ``_GROUPS`` is part of rollbox: one that cannot be
+imported is a broken installation and an error naming the module, never a command that quietly
+disappears.
 """
 
 from __future__ import annotations
@@ -52,21 +54,34 @@ def version_cmd(json_: bool = typer.Option(False, "--json", help="Print JSON."))
         print(f"rollbox {__version__}")
 
 
-def _mount_groups() -> None:
-    for module_name, sub in _GROUPS:
+class CliGroupMissingError(ImportError):
+    """A command group module listed in ``_GROUPS`` is not in this installation."""
+
+
+def _mount_groups(target: typer.Typer, groups: list[tuple[str, str | None]]) -> None:
+    """Mount every group on ``target``.
+
+    Raises:
+        CliGroupMissingError: a group's module is missing (a broken or partial install).
+    """
+    for module_name, sub in groups:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue
-            raise
+            if exc.name != module_name:
+                raise  # a dependency of the group is missing: its own message says which
+            raise CliGroupMissingError(
+                f"rollbox's command module {module_name} is missing from this installation "
+                f"({__file__}); reinstall rollbox (pip install --force-reinstall rollbox)",
+                name=module_name,
+            ) from exc
         if sub is not None:
-            app.add_typer(module.app, name=sub)
+            target.add_typer(module.app, name=sub)
         else:
-            module.register(app)
+            module.register(target)
 
 
-_mount_groups()
+_mount_groups(app, _GROUPS)
 
 
 def main() -> None:
