@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rollbox.backends.common import cgroups, cgroups_v2
+from rollbox.backends.common import cgroup_base, cgroups, cgroups_v2
 from rollbox.errors import BackendUnavailableError
 
 
@@ -17,10 +17,10 @@ def fake_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     root = tmp_path / "cgroup"
     root.mkdir()
     (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
-    monkeypatch.setattr(cgroups, "CGROUP_ROOT", root)
-    cgroups._version.cache_clear()
+    monkeypatch.setattr(cgroup_base, "CGROUP_ROOT", root)
+    cgroup_base._version.cache_clear()
     yield root
-    cgroups._version.cache_clear()
+    cgroup_base._version.cache_clear()
 
 
 def _unit(root: Path, rel: str, controllers: str) -> Path:
@@ -63,10 +63,10 @@ def test_base_is_the_parent_of_rollboxs_own_leaf(
 
 
 def test_no_hierarchy_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cgroups, "CGROUP_ROOT", tmp_path)
-    cgroups._version.cache_clear()
+    monkeypatch.setattr(cgroup_base, "CGROUP_ROOT", tmp_path)
+    cgroup_base._version.cache_clear()
     try:
         with pytest.raises(BackendUnavailableError, match="no usable cgroup hierarchy"):
             cgroups.cgroup_version()
     finally:
-        cgroups._version.cache_clear()
+        cgroup_base._version.cache_clear()

@@ -14,8 +14,8 @@ import signal
 import time
 from pathlib import Path
 
-from rollbox.backends.common import cgroups as _cg
-from rollbox.backends.common.cgroups import (
+from rollbox.backends.common import cgroup_base as _cg
+from rollbox.backends.common.cgroup_base import (
     CONTROLLERS,
     CPU_PERIOD_US,
     Cgroup,
