@@ -99,7 +99,7 @@ def test_cli_lifecycle(sbx_home: Home, dev_baseline: BaselineInfo, tmp_path: Pat
     ("args", "needle"),
     [
         (["sandbox", "create", "--backend", "nope"], "unknown backend"),
-        (["sandbox", "create", "--memory-mb", "0"], "memory_mb"),
+        (["sandbox", "create", "--memory-mb", "0"], "--memory-mb"),
         (["sandbox", "create", "--cpus", "999"], "cpus"),
         (["sandbox", "create", "--baseline", "sha256:" + "0" * 64], "baseline"),
         (["sandbox", "create", "--network", "allow=nonsense"], "network"),

@@ -182,7 +182,8 @@ class GVisorBackend(NamespaceBackend):
             raise UnsupportedOperationError(
                 "gvisor",
                 "memory_snapshot",
-                hint="runsc checkpoint/restore hangs on this runsc build; use backend microvm",
+                hint="no memory snapshots: runsc checkpoint/restore hangs on this runsc build; "
+                "use backend microvm",
             )
         super().check(spec)
 
