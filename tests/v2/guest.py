@@ -315,6 +315,7 @@ def boot(shared: Home) -> Iterator[Guest]:
             (home.root / name).symlink_to(shared.root / name)
         home.ensure()
         be = MicroVMBackend(home)
+        be.full_command_caps = True  # rollbox in the guest mounts, unshares, makes cgroups
         be.prepare()
         spec = SandboxSpec(
             baseline=baseline.digest,

@@ -9,12 +9,12 @@ the command starts, and ``/logs/verifier`` is returned by it after the command e
 ``reward.txt`` written in advance, a loop rewriting it, a watcher rewriting
 ``/tests/test.sh``: none of them can reach those directories by path.
 
+A process the agent left running could still reach a verifier process's files through
+``/proc/PID/root`` or ``setns``; on namespace and microvm, agent commands run without
+CAP_SYS_ADMIN and CAP_SYS_PTRACE (Docker's default set) and only verifier commands keep a
+marker capability (CAP_WAKE_ALARM), so the kernel's ptrace access check refuses that.
 What this does not cover: shared mode still trusts the agent's filesystem (the verifier runs
-the agent's ``bash``, ``python3``...), and in a microVM (commands are root with every
-capability) a process the agent left running can still reach a verifier process's files
-through ``/proc/PID/root`` or ``setns`` -- on the namespace backend a marker capability only
-verifier commands keep makes the kernel refuse that. ``[rollbox] stop_agent_before_verify``
-closes the latter, separate mode closes both.
+the agent's ``bash``, ``python3``...); separate mode closes that.
 
 A backend that cannot give an exec its own mount namespace (gVisor here) gets the weaker
 path, recorded as ``verifier_isolation = "none"``: both directories emptied and the tests

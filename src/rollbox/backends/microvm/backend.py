@@ -215,11 +215,12 @@ def _drop_host_cgroup(home: Home, sandbox_id: str) -> bool:
     return True
 
 
-def _configure_args(spec: SandboxSpec) -> dict[str, Any]:
+def _configure_args(spec: SandboxSpec, full_command_caps: bool = False) -> dict[str, Any]:
     return {
         "hostname": spec.hostname,
         "memory_max": (spec.limits.memory_mb or 0) << 20,
         "pids_max": spec.limits.pids,
+        "full_command_caps": full_command_caps,
     }
 
 
@@ -878,6 +879,11 @@ class MicroVMBackend(Backend, MemorySnapshots):
         self, home: Home, *, detached: bool = False, config: BackendConfig | None = None
     ) -> None:
         super().__init__(home, detached=detached, config=config)
+        self.full_command_caps = False
+        """Commands keep every capability in the guest (CAP_SYS_ADMIN included), for a
+        trusted workload that needs them (rollbox nested in the guest). Off by default:
+        commands get Docker's default set, and only the verifier's private execs keep the
+        marker capability that shields them from what the agent left running."""
         self._kernel: GuestKernel | None = None
         self._initrd: Path | None = None
         self._accel: probe.ProbeResult | None = None
@@ -1021,7 +1027,7 @@ class MicroVMBackend(Backend, MemorySnapshots):
             if self.vm_config.boot_snapshots:
                 await asyncio.to_thread(handle._save_template, tpl_dir)
             async with handle._session(timeout=self.vm_config.boot_timeout_s) as ch:
-                await ch.call("configure", **_configure_args(spec))
+                await ch.call("configure", **_configure_args(spec, self.full_command_caps))
             info.state = "running"
             write_state(self.home, info)
         except BaseException as exc:
@@ -1155,7 +1161,7 @@ class MicroVMBackend(Backend, MemorySnapshots):
                     entropy=base64.b64encode(os.urandom(64)).decode(),
                 )
                 if template is not None:
-                    await ch.call("configure", **_configure_args(spec))
+                    await ch.call("configure", **_configure_args(spec, self.full_command_caps))
             info.state = "running"
             write_state(self.home, info)
         except BaseException as exc:

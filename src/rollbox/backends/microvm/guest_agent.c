@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/capability.h>
 #include <linux/openat2.h>
 #include <linux/random.h>
 #include <linux/sched.h>
@@ -930,7 +931,23 @@ static int resolve_user(const char *spec, User *u, char *msg, size_t msgsz) {
 
 /* ------------------------------------------------------------------ spawning */
 
-enum { ST_OK = 0, ST_SETSID, ST_CGROUP, ST_RLIMIT, ST_SETID, ST_CHDIR, ST_EXEC };
+enum { ST_OK = 0, ST_SETSID, ST_CGROUP, ST_RLIMIT, ST_SETID, ST_CHDIR, ST_EXEC, ST_CAPS };
+
+/* The capabilities a command keeps. Workload commands get Docker's default set without
+ * CAP_MKNOD (backends/common/bundle.py DEFAULT_CAPS, as on namespace and gVisor): no
+ * CAP_SYS_ADMIN (no setns/mount into the verifier's namespace), no CAP_SYS_PTRACE.
+ * A private (verifier) command also keeps CAP_WAKE_ALARM, a harmless marker: with a
+ * capability the others lack, their processes fail the kernel's ptrace access check
+ * against it (no /proc/PID/root, cwd, fd, ns or mem of a verifier process for what the
+ * agent left running). Tools (rollbox's own tar helper) keep everything. */
+enum { CAPS_ALL = 0, CAPS_WORKLOAD, CAPS_VERIFIER };
+#define CAPBIT(c) (1ull << (c))
+#define WORKLOAD_CAPS                                                                          \
+    (CAPBIT(CAP_CHOWN) | CAPBIT(CAP_DAC_OVERRIDE) | CAPBIT(CAP_FSETID) | CAPBIT(CAP_FOWNER) | \
+     CAPBIT(CAP_NET_RAW) | CAPBIT(CAP_SETGID) | CAPBIT(CAP_SETUID) | CAPBIT(CAP_SETFCAP) |     \
+     CAPBIT(CAP_SETPCAP) | CAPBIT(CAP_NET_BIND_SERVICE) | CAPBIT(CAP_SYS_CHROOT) |             \
+     CAPBIT(CAP_KILL) | CAPBIT(CAP_AUDIT_WRITE))
+static int full_command_caps; /* configure "full_command_caps": trusted nested workloads */
 
 typedef struct {
     char *const *argv;
@@ -939,6 +956,7 @@ typedef struct {
     const char *path; /* PATH to search, from envp (Python: os.defpath when absent) */
     int in_fd, out_fd, err_fd, cg_fd;
     int64_t nofile;
+    int caps; /* CAPS_* */
     int setids;
     uid_t uid;
     gid_t gid;
@@ -956,6 +974,32 @@ static void child_fail(Spawn *s, int stage, int err) {
     s->stage = stage;
     s->err = err;
     _exit(err == ENOENT && stage != ST_RLIMIT && stage != ST_SETID ? 127 : 126);
+}
+
+/* Keep only `keep` (a CAPBIT mask) in every set, the bounding set included (so an exec of
+ * a setuid-root file cannot get the rest back). Without CAP_SETPCAP (the --fd test mode as
+ * a user) the bounding set stays; effective/permitted/inheritable are only ever narrowed. */
+static int limit_caps(uint64_t keep) {
+    struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct d[2];
+    if (syscall(SYS_capget, &h, d) < 0) return -1;
+    uint64_t have = (uint64_t)d[0].permitted | ((uint64_t)d[1].permitted << 32);
+    if (have & CAPBIT(CAP_SETPCAP)) {
+        for (int c = 0; c < 64; c++) {
+            if (keep & CAPBIT(c)) continue;
+            int r = (int)syscall(SYS_prctl, PR_CAPBSET_READ, c, 0, 0, 0);
+            if (r < 0) break; /* past the kernel's last capability */
+            if (r == 1 && syscall(SYS_prctl, PR_CAPBSET_DROP, c, 0, 0, 0) < 0) return -1;
+        }
+    }
+    syscall(SYS_prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    for (int k = 0; k < 2; k++) {
+        uint32_t m = (uint32_t)(keep >> (32 * k));
+        d[k].effective &= m;
+        d[k].permitted &= m;
+        d[k].inheritable &= m;
+    }
+    return syscall(SYS_capset, &h, d) < 0 ? -1 : 0;
 }
 
 /* Runs on child_stack in the parent's memory while the parent is suspended (vfork):
@@ -978,6 +1022,9 @@ static int child_main(void *arg) {
         struct rlimit rl = {(rlim_t)s->nofile, (rlim_t)s->nofile};
         if (setrlimit(RLIMIT_NOFILE, &rl) < 0) child_fail(s, ST_RLIMIT, errno);
     }
+    if (s->caps != CAPS_ALL &&
+        limit_caps(WORKLOAD_CAPS | (s->caps == CAPS_VERIFIER ? CAPBIT(CAP_WAKE_ALARM) : 0)) < 0)
+        child_fail(s, ST_CAPS, errno);
     if (s->setids) {
         if (syscall(SYS_setgroups, s->ngroups, s->groups) < 0) child_fail(s, ST_SETID, errno);
         if (syscall(SYS_setgid, s->gid) < 0) child_fail(s, ST_SETID, errno);
@@ -1113,6 +1160,10 @@ static void start_error_msg(const Spawn *s, const char *cg, Buf *b) {
         oserr_msg(b, s->err, p);
         break;
     }
+    case ST_CAPS:
+        buf_adds(b, "dropping capabilities: ");
+        oserr_msg(b, s->err, NULL);
+        break;
     case ST_RLIMIT:
         if (s->err == EPERM) buf_adds(b, "not allowed to raise maximum limit");
         else oserr_msg(b, s->err, NULL);
@@ -1444,7 +1495,7 @@ static void drop_caches_keep_warm(void) {
 /* Start a command or tool. On success the Exec is linked into `execs`. */
 static Exec *exec_start(int64_t rid, int kind, char *const *argv, char *const *envp,
                         const char *path, const char *cwd, const User *u, int64_t nofile,
-                        int64_t cap, double timeout, int want_cgroup) {
+                        int64_t cap, double timeout, int want_cgroup, int caps) {
     Exec *e = calloc(1, sizeof *e);
     if (!e) abort();
     e->rid = rid;
@@ -1488,6 +1539,7 @@ static Exec *exec_start(int64_t rid, int kind, char *const *argv, char *const *e
     s.err_fd = er[1];
     s.cg_fd = cg_fd;
     s.nofile = nofile;
+    s.caps = caps;
     if (u && (u->uid || u->gid)) {
         s.setids = 1;
         s.uid = u->uid;
@@ -1949,6 +2001,7 @@ static void op_configure(int64_t rid, const JVal *req) {
         write_text(p, val);
     }
     if (jtruthy(jget(req, "memory_max"))) write_text(WORKLOAD "/memory.swap.max", "0");
+    full_command_caps = jtruthy(jget(req, "full_command_caps"));
     reply_ok(rid);
 }
 
@@ -2056,7 +2109,8 @@ static void op_exec(int64_t rid, const JVal *req) {
             return;
         }
     }
-    Exec *e = exec_start(rid, K_EXEC, argv, envp, path, cwd, &u, nofile, cap, timeout, 1);
+    int caps = full_command_caps ? CAPS_ALL : priv ? CAPS_VERIFIER : CAPS_WORKLOAD;
+    Exec *e = exec_start(rid, K_EXEC, argv, envp, path, cwd, &u, nofile, cap, timeout, 1, caps);
     if (saved_ns >= 0) private_leave(saved_root, saved_ns);
     if (e) e->collect_fd = collect_fd;
     else if (collect_fd >= 0) close(collect_fd);
@@ -2348,7 +2402,7 @@ static void op_tool(int64_t rid, const char *op, const JVal *req, int kind) {
     buf_addc(&js, '\0');
     char *argv[] = {PYTHON, "-I", "-S", TOOL, "tool", (char *)op, js.p, NULL};
     char *envp[] = {"PATH=" DEFPATH, "HOME=/", "LC_ALL=C.UTF-8", NULL};
-    Exec *e = exec_start(rid, kind, argv, envp, DEFPATH, "/", NULL, 0, 0, 0, 0);
+    Exec *e = exec_start(rid, kind, argv, envp, DEFPATH, "/", NULL, 0, 0, 0, 0, CAPS_ALL);
     buf_free(&js);
     if (!e) {
         reply_oserror(rid, errno, PYTHON);
