@@ -61,9 +61,11 @@ cp $S/baselines/* $H/baselines/; cp $S/cache/* $H/cache/
 GUEST_SITE = "/opt/rbx/site"
 GUEST_SRC = "/opt/rbx/src"
 GUEST_NAME = "rollbox-test/cgroup-v2-guest"
-LAYOUT_VERSION = "7"
+LAYOUT_VERSION = "8"
 """Bump when the extra layer's layout changes."""
-TOOLS = ("/usr/bin/bwrap", "/usr/bin/runsc", "/usr/bin/ip")
+TOOLS = ("/usr/bin/bwrap", "/usr/bin/runsc", "/usr/bin/ip", "/usr/sbin/iptables")
+"""Copied from this host (same Debian); iptables because ``rollbox cleanup`` lists chains
+(without nf_tables modules in the guest it finds none, which is right)."""
 SKIP_DISTS = {"matplotlib"}
 """Imported lazily by rollbox (plots), not needed in the guest, and large."""
 

@@ -245,6 +245,78 @@ async def bench(n: int, root: str = HOME) -> dict[str, Any]:
     }
 
 
+OWNER = """
+import asyncio, os, sys
+sys.path[:0] = {path!r}
+os.environ["ROLLBOX_HOME"] = {home!r}
+from rollbox.backends.registry import get_backend
+from rollbox.baselines.store import BaselineStore
+from rollbox.config import Home
+from rollbox.models import SandboxSpec
+home = Home(__import__("pathlib").Path({home!r}))
+b = BaselineStore(home).default()
+be = get_backend("namespace", home)
+h = asyncio.run(be.create(SandboxSpec(baseline=b.digest, backend="namespace"), b))
+asyncio.run(h.exec("setsid sleep 1000 >/dev/null 2>&1 &"))
+print(h.id, flush=True)
+sys.stdin.read()  # until SIGKILLed
+"""
+
+
+def sigkill_cleanup() -> dict[str, Any]:
+    """A process that made a sandbox (with a daemon inside) is SIGKILLed; ``rollbox
+    cleanup``'s library call then removes everything: cgroup groups, mounts, processes."""
+    from rollbox.backends.common.cgroups import Cgroup, v2_groups
+    from rollbox.backends.registry import get_backend
+    from rollbox.hoststate import HostState
+
+    home, _ = _setup()
+    before = HostState.capture(home.sandboxes)
+    code = OWNER.format(path=sys.path, home=HOME)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert owner.stdout is not None
+    sid = owner.stdout.readline().strip()
+    cg = Cgroup.open(home.tag, sid)
+    alive = {"exists": cg.exists(), "pids": len(cg.pids()), "groups": sorted(v2_groups())}
+    owner.kill()
+    owner.wait()
+    lines = get_backend("namespace", home).cleanup_orphans()
+    after = HostState.capture(home.sandboxes)
+    return {
+        "sandbox": sid,
+        "while_alive": alive,
+        "cleanup": lines,
+        "after_exists": cg.exists(),
+        "leaks": before.diff(after),
+    }
+
+
+def microvm_cgroup() -> dict[str, Any]:
+    """The microvm backend's host-cgroup lines on v2 (no QEMU in here: a stand-in process
+    takes QEMU's place in the group)."""
+    from rollbox.backends.common.cgroups import Cgroup
+    from rollbox.backends.microvm.backend import _drop_host_cgroup, _host_cgroup
+    from rollbox.models import Limits, SandboxSpec
+
+    home, baseline = _setup()
+    proc = subprocess.Popen(["sleep", "1000"])
+    sid = "sbx-v2microvmcgroup"
+    spec = SandboxSpec(baseline=baseline.digest, backend="microvm", limits=Limits(cpus=0.25))
+    _host_cgroup(home, sid, spec, proc.pid)
+    cg = Cgroup.open(home.tag, sid)
+    own = Path(f"/proc/{proc.pid}/cgroup").read_text().strip()
+    out = {
+        "proc_cgroup": own,
+        "cpu.max": (cg.paths["cpu"] / "cpu.max").read_text().strip(),
+        "dropped": _drop_host_cgroup(home, sid),
+        "after_exists": cg.exists(),
+    }
+    out["proc_exit"] = proc.wait(timeout=10)
+    return out
+
+
 def main() -> None:
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "info":
@@ -255,6 +327,10 @@ def main() -> None:
         doc = conformance(names, only or None)
     elif cmd == "limits":
         doc = limits(args or ["namespace"])
+    elif cmd == "sigkill-cleanup":
+        doc = sigkill_cleanup()
+    elif cmd == "microvm-cgroup":
+        doc = microvm_cgroup()
     elif cmd == "bench":
         doc = asyncio.run(bench(int(args[0]) if args else 10))
     else:

@@ -74,6 +74,24 @@ def test_limits_oom_pause_and_timeout_kill(guest: Guest) -> None:
     assert not res["parent_left"], res
 
 
+def test_sigkilled_owner_then_cleanup_leaves_nothing(guest: Guest) -> None:
+    res = guest.driver("sigkill-cleanup")
+    alive = res["while_alive"]
+    assert alive["exists"] and alive["pids"] >= 3, alive  # launcher's bwrap, agent, daemon
+    assert any(g.endswith("/" + res["sandbox"]) for g in alive["groups"]), alive
+    assert any(res["sandbox"] in line for line in res["cleanup"]), res["cleanup"]
+    assert res["after_exists"] is False, res
+    assert res["leaks"] == {}, res["leaks"]
+
+
+def test_microvm_host_cgroup_on_v2(guest: Guest) -> None:
+    res = guest.driver("microvm-cgroup")
+    assert res["proc_cgroup"].endswith("/sbx-v2microvmcgroup/main"), res
+    assert res["cpu.max"] == "25000 100000", res
+    assert res["dropped"] and res["after_exists"] is False, res
+    assert res["proc_exit"] == -9, res  # destroy killed what was in the group
+
+
 AUDIT_SKIP = "netns-server-allowlist"
 """Allow-list networking needs iptables and the nf_tables modules, which the guest lacks
 (not a cgroup matter; the probe runs on the host)."""
