@@ -8,9 +8,10 @@ Every command takes ``--json``; with it, the command prints exactly one JSON doc
 from __future__ import annotations
 
 import json
+import os
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TextIO
 
 import typer
 from pydantic import BaseModel
@@ -18,8 +19,33 @@ from rich.console import Console
 
 JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document instead of text.")
 
-console = Console(highlight=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+PIPE_WIDTH = 120
+"""Width of tables written to a pipe or file when ``COLUMNS`` does not say otherwise."""
+
+
+def output_width(stream: TextIO, environ: Mapping[str, str] | None = None) -> int | None:
+    """The width to lay tables out for on ``stream``: None on a terminal (rich asks it),
+    else ``COLUMNS`` when set to a sane number, else :data:`PIPE_WIDTH`.
+
+    rich falls back to 80 columns off a terminal; a report piped to a file or ``less`` is
+    then as cramped as the narrowest terminal for no reason.
+    """
+    env = os.environ if environ is None else environ
+    try:
+        if stream.isatty():
+            return None
+    except (AttributeError, ValueError):
+        pass  # closed or not a real stream: lay out as for a pipe
+    cols = env.get("COLUMNS", "")
+    if cols.isdigit() and 20 <= int(cols) <= 1000:
+        return int(cols)
+    return PIPE_WIDTH
+
+
+# soft_wrap: plain lines (ids, paths, digests) are never folded by rich; the terminal wraps
+# them, so copying an id keeps it whole. Tables lay themselves out for the width.
+console = Console(highlight=False, soft_wrap=True, width=output_width(sys.stdout))
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, width=output_width(sys.stderr))
 
 
 def to_jsonable(obj: Any) -> Any:

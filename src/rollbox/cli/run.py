@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from rollbox.cli import validate
 from rollbox.cli.output import JSON_OPTION, console, emit, err_console, fail
@@ -332,20 +334,30 @@ def register(app: typer.Typer) -> None:
         }
 
         def human() -> None:
-            table = Table(title=f"repro of {doc['of']} as {new_run.id}")
-            for col in ("task", "attempt", "original", "replay", "outcome", "fs diff", "what"):
-                table.add_column(col)
+            from rollbox.rollouts.report import fold_name, name_column
+
+            # ids and differences go below the table as whole lines: in a column they would
+            # be folded mid-id at 80 columns
+            table = Table(title=Text(f"repro of {doc['of']} as {new_run.id}"), box=box.SIMPLE_HEAD)
+            name_column(table, "task", [i.original.task_name for i in items])
+            for col in ("attempt", "outcome", "fs diff"):
+                table.add_column(col, no_wrap=True)
             for i in items:
                 table.add_row(
-                    i.original.task_name,
+                    Text(fold_name(i.original.task_name)),
                     str(i.original.attempt),
-                    i.original.id,
-                    i.replay.id if i.replay else "-",
                     "match" if i.outcome_match else "[red]differs",
                     "match" if i.diff_match else "[red]differs",
-                    "; ".join(i.differences)[:200],
                 )
             console.print(table)
+            for i in items:
+                if i.outcome_match and i.diff_match:
+                    continue
+                replay = i.replay.id if i.replay else "not replayed"
+                head = f"{i.original.task_name} #{i.original.attempt}: {i.original.id} -> {replay}"
+                console.print(head, markup=False)
+                for d in i.differences:
+                    console.print(f"  {d}", markup=False)
             console.print(f"{matched}/{len(items)} rollouts reproduced exactly")
 
         emit(doc, json_, human)

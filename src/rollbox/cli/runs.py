@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
 from rollbox.cli.output import JSON_OPTION, console, emit
@@ -133,9 +132,8 @@ def rollout_show(
 
 
 def _show(rec: RolloutRecord, blobs: BlobStore, logs: bool) -> None:
-    t = Table(show_header=False, title=f"rollout {rec.id}")
-    t.add_column("field", style="bold")
-    t.add_column("value")
+    # "field  value" lines, not a table: ids, digests and phase lists stay whole on one line
+    # (a 2-column table at 80 columns folded sha256 digests mid-word)
     v = rec.verifier
     rows: list[tuple[str, str]] = [
         ("run", rec.run_id),
@@ -167,9 +165,13 @@ def _show(rec: RolloutRecord, blobs: BlobStore, logs: bool) -> None:
         ("retry", f"of {rec.retry_of or '-'}  by {rec.retried_by or '-'}"),
         ("provenance", rec.provenance_digest or "not sealed"),
     ]
+    console.print(f"rollout {rec.id}", markup=False)
+    width = max(len(k) for k, _ in rows) + 2
     for k, val in rows:
-        t.add_row(k, Text(val))
-    console.print(t)
+        first, *rest = val.split("\n") or [""]
+        console.print(Text(k.ljust(width), style="bold") + Text(first))
+        for line in rest:
+            console.print(Text(" " * width + line))
     for ch in rec.fs_diff[:50]:
         console.print(
             f"  {ch.kind:8} {ch.path} {ch.size if ch.size is not None else ''}", markup=False

@@ -11,10 +11,12 @@ per-task figures but counted in the platform figures (infra errors, retries).
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -174,18 +176,64 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.0f} ms"
 
 
+NAME_WIDTH = 24
+"""Widest a name column gets; a longer name breaks after a separator (``- _ / . :``)."""
+
+_AFTER_SEP = re.compile(r"(?<=[-_/.:])")
+
+
+def fold_name(name: str, width: int = NAME_WIDTH) -> str:
+    """``name`` in lines of at most ``width`` characters, broken only after separators.
+
+    A run of more than ``width`` characters without a separator is cut at ``width`` (the
+    only case that breaks inside a word). Tables show names this way with ``no_wrap``, so the
+    terminal width (80 columns, or a pipe's) never folds a name mid-word.
+    """
+    lines: list[str] = []
+    cur = ""
+    for part in _AFTER_SEP.split(name):
+        while len(part) > width:
+            if cur:
+                lines.append(cur)
+                cur = ""
+            lines.append(part[:width])
+            part = part[width:]
+        if len(cur) + len(part) > width:
+            lines.append(cur)
+            cur = part
+        else:
+            cur += part
+    if cur or not lines:
+        lines.append(cur)
+    return "\n".join(lines)
+
+
+def name_column(table: Table, header: str, names: list[str]) -> None:
+    """Add a column for names (task names, ids) that is never folded mid-word."""
+    longest = max((len(n) for n in names), default=len(header))
+    table.add_column(header, no_wrap=True, min_width=min(max(longest, len(header)), NAME_WIDTH))
+
+
 def render(summary: RunSummary) -> Group:
     """The summary as rich renderables: a per-task table and a platform table."""
     # user-controlled strings (task names, agent specs) go in as Text: never rich markup
-    tasks = Table(title=Text(f"run {summary.run_id} ({summary.status}) — agent {summary.agent}"))
-    tasks.add_column("task", overflow="fold")
-    for col in ("attempts", "passed", "pass rate", "mean reward"):
-        tasks.add_column(col, justify="right")
-    tasks.add_column("pass@k")
-    tasks.add_column("errors", justify="right")
+    # No vertical rules and no outer padding: the 7 columns fit 80 terminal columns with
+    # names up to NAME_WIDTH; headers wrap between words, numbers and names never.
+    tasks = Table(
+        title=Text(f"run {summary.run_id} ({summary.status}) — agent {summary.agent}"),
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    name_column(tasks, "task", [t.task for t in summary.tasks])
+    for col, width in (("attempts", 8), ("passed", 6), ("pass rate", 4), ("mean reward", 6)):
+        tasks.add_column(col, justify="right", min_width=width)
+    tasks.add_column("pass@k", min_width=7)  # wraps between its "@k=v" items, never inside one
+    tasks.add_column("errors", justify="right", min_width=6)
     for t in summary.tasks:
         tasks.add_row(
-            Text(t.task),
+            Text(fold_name(t.task)),
             str(t.attempts),
             str(t.passed),
             f"{t.pass_rate:.0%}",
