@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rollbox.backends.common.copylinks import LinkPolicy, in_tree_text, resolve_lexically
+from rollbox.backends.common.paths import normalize as normalize  # re-exported
 from rollbox.errors import (
     InvalidInputError,
     IsADirectoryInSandboxError,
@@ -66,29 +67,6 @@ def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = _RE
         if err != errno.EAGAIN:
             break
     raise OSError(err, os.strerror(err), path)
-
-
-def normalize(path: str, cwd: str = "/") -> str:
-    """``path`` (absolute, or relative to ``cwd``) as a root-relative path ("" for ``/``).
-
-    Raises:
-        PathEscapeError: ``..`` climbs above ``/``.
-        InvalidInputError: the path is empty or contains a NUL byte.
-    """
-    if not path or "\0" in path:
-        raise InvalidInputError(f"invalid sandbox path {path!r}")
-    full = path if path.startswith("/") else posixpath.join(cwd, path)
-    parts: list[str] = []
-    for comp in full.split("/"):
-        if comp in ("", "."):
-            continue
-        if comp == "..":
-            if not parts:
-                raise PathEscapeError(f"sandbox path {path!r} escapes the sandbox root")
-            parts.pop()
-        else:
-            parts.append(comp)
-    return "/".join(parts)
 
 
 def _translate(exc: OSError, path: str) -> Exception:
