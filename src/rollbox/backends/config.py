@@ -55,6 +55,20 @@ class MicroVMConfig(_Config):
     split_memory: bool = True
     """Store memory snapshots as a copy-on-write RAM image + device state, mapped lazily on
     restore, instead of one stream (env ``ROLLBOX_MICROVM_SPLIT_MEMORY=0`` turns it off)."""
+    accel: Literal["auto", "kvm", "tcg"] = "auto"
+    """Accelerator: ``auto`` uses KVM only where a probe guest boots under it, else TCG
+    (env ``ROLLBOX_MICROVM_ACCEL=kvm|tcg``)."""
+    kvm_device: str = "/dev/kvm"
+    """The KVM device the probe checks (env ``ROLLBOX_MICROVM_KVM_DEVICE``)."""
+    probe_timeout_s: float = Field(4.0, gt=0)
+    """Seconds the KVM probe guest may take to boot (env ``ROLLBOX_MICROVM_PROBE_TIMEOUT``)."""
+    tb_mb: int = Field(32, ge=1)
+    """TCG translation cache per VM in MiB: 16 trades speed for density, 8 is 3x slower
+    (env ``ROLLBOX_MICROVM_TB_MB``)."""
+    aslr: bool = False
+    """Keep guest ASLR on under TCG (off by default: TCG re-translates every process's code
+    at fresh addresses, ~4x slower execs; the VM is the boundary) (env
+    ``ROLLBOX_MICROVM_ASLR=1``)."""
 
 
 BackendConfig = Annotated[
@@ -69,12 +83,25 @@ def _flag(value: str) -> bool:
     return value != "0"
 
 
+def _on(value: str) -> bool:
+    return value == "1"
+
+
+def _accel(value: str) -> str:
+    return value if value in ("kvm", "tcg") else "auto"  # as the probe always read it
+
+
 # (backend, field) -> (environment variable, parser of its text)
 ENV_OVERRIDES: dict[str, dict[str, tuple[str, Callable[[str], Any]]]] = {
     "microvm": {
         "boot_timeout_s": ("ROLLBOX_MICROVM_BOOT_TIMEOUT", float),
         "boot_snapshots": ("ROLLBOX_MICROVM_BOOT_SNAPSHOTS", _flag),
         "split_memory": ("ROLLBOX_MICROVM_SPLIT_MEMORY", _flag),
+        "accel": ("ROLLBOX_MICROVM_ACCEL", _accel),
+        "kvm_device": ("ROLLBOX_MICROVM_KVM_DEVICE", str),
+        "probe_timeout_s": ("ROLLBOX_MICROVM_PROBE_TIMEOUT", float),
+        "tb_mb": ("ROLLBOX_MICROVM_TB_MB", int),
+        "aslr": ("ROLLBOX_MICROVM_ASLR", _on),
     },
 }
 """The environment variables that override config fields, per backend."""

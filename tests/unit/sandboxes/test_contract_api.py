@@ -13,6 +13,7 @@ from pydantic import TypeAdapter
 from rollbox.backends import registry
 from rollbox.backends.base import Backend, MemorySnapshots, memory_snapshots
 from rollbox.backends.config import (
+    ENV_OVERRIDES,
     BackendConfig,
     GVisorConfig,
     MicroVMConfig,
@@ -198,3 +199,55 @@ def test_sync_facade_has_the_async_signatures(method: str) -> None:
 def test_no_aio_object_of_the_facade_loop() -> None:
     assert not hasattr(Sandbox, "aio")
     assert inspect.iscoroutinefunction(Sandbox.to_async)
+
+
+def test_every_microvm_environment_knob_is_a_config_field() -> None:
+    import re
+
+    src = Path(__file__).parents[3] / "src" / "rollbox" / "backends"
+    used = set()
+    for path in src.rglob("*.py"):
+        used |= set(re.findall(r"ROLLBOX_MICROVM_[A-Z_]+", path.read_text()))
+    declared = {var for var, _ in ENV_OVERRIDES["microvm"].values()}
+    assert used == declared, used ^ declared
+    env = {
+        "ROLLBOX_MICROVM_ACCEL": "tcg",
+        "ROLLBOX_MICROVM_KVM_DEVICE": "/dev/null",
+        "ROLLBOX_MICROVM_PROBE_TIMEOUT": "1.5",
+        "ROLLBOX_MICROVM_TB_MB": "16",
+        "ROLLBOX_MICROVM_ASLR": "1",
+    }
+    got = config_for("microvm", None, env)
+    assert isinstance(got, MicroVMConfig)
+    assert (got.accel, got.kvm_device, got.probe_timeout_s, got.tb_mb, got.aslr) == (
+        "tcg",
+        "/dev/null",
+        1.5,
+        16,
+        True,
+    )
+    assert config_for("microvm", None, {"ROLLBOX_MICROVM_ACCEL": "bogus"}).accel == "auto"  # type: ignore[union-attr]
+
+
+def test_vm_command_line_follows_the_config() -> None:
+    from rollbox.backends.microvm import qemu
+
+    def argv(**kw: object) -> str:
+        cfg = qemu.VMConfig(
+            name="t",
+            accel="tcg",
+            memory_mb=256,
+            cpus=1,
+            kernel="k",
+            initrd="i",
+            base_image="b",
+            disk="d",
+            run_dir="/tmp/x",
+            console_log="c",
+            tsc_khz=1,
+            **kw,  # type: ignore[arg-type]
+        )
+        return " ".join(cfg.argv())
+
+    assert "tb-size=16" in argv(tb_mb=16) and "norandmaps" in argv(aslr=False)
+    assert "norandmaps" not in argv(aslr=True)

@@ -904,7 +904,15 @@ class MicroVMBackend(Backend, MemorySnapshots):
         kernel = ensure_kernel(assets)
         self._initrd = ensure_initramfs(assets, kernel)
         probe_initrd = ensure_initramfs(assets, kernel, probe=True)
-        self._accel = probe.choose(assets.vm, kernel.vmlinuz, probe_initrd)
+        cfg = self.vm_config
+        self._accel = probe.choose(
+            assets.vm,
+            kernel.vmlinuz,
+            probe_initrd,
+            accel=cfg.accel,
+            device=cfg.kvm_device,
+            timeout=cfg.probe_timeout_s,
+        )
         self._kernel = kernel
 
     @property
@@ -994,6 +1002,8 @@ class MicroVMBackend(Backend, MemorySnapshots):
             run_dir=str(rdir),
             console_log=str(d / "console.log"),
             nic=nic,
+            tb_mb=self.vm_config.tb_mb,
+            aslr=self.vm_config.aslr,
         )
         info.accelerator = accel.accelerator
         info.extra.update(
@@ -1039,9 +1049,15 @@ class MicroVMBackend(Backend, MemorySnapshots):
         self._after_create(info)
         return handle
 
-    @staticmethod
     def _template_dir(
-        assets: Home, digest: str, mem: int, cpus: int, disk_mb: int, initrd: str, nic: bool
+        self,
+        assets: Home,
+        digest: str,
+        mem: int,
+        cpus: int,
+        disk_mb: int,
+        initrd: str,
+        nic: bool,
     ) -> Path:
         """Where the boot snapshot for this device model and baseline lives."""
         import hashlib
@@ -1058,7 +1074,7 @@ class MicroVMBackend(Backend, MemorySnapshots):
                 qemu.host_tsc_khz(),
                 AGENT_VERSION,
                 qemu.BASE_APPEND,
-                qemu.TCG_APPEND,
+                qemu.tcg_append(self.vm_config.aslr),
                 initrd,
                 *(["nic"] if nic else []),  # keeps the keys of NIC-less shapes unchanged
             ],

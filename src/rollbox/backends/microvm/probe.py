@@ -69,13 +69,27 @@ def probe_kvm(vmlinuz: Path, initrd: Path, *, device: str, timeout: float) -> Pr
     return ProbeResult("tcg", f"KVM guest failed: {err}", time.monotonic() - t0)
 
 
-def choose(vm_dir: Path, vmlinuz: Path, initrd: Path) -> ProbeResult:
-    """The accelerator for this host (cached per host boot and probe settings)."""
-    forced = os.environ.get("ROLLBOX_MICROVM_ACCEL")
+def choose(
+    vm_dir: Path,
+    vmlinuz: Path,
+    initrd: Path,
+    *,
+    accel: str | None = None,
+    device: str | None = None,
+    timeout: float | None = None,
+) -> ProbeResult:
+    """The accelerator for this host (cached per host boot and probe settings).
+
+    ``accel`` (``kvm``/``tcg`` forces one, ``auto`` probes), ``device`` and ``timeout``
+    come from the backend's config (``MicroVMConfig``); ``None`` reads the environment.
+    """
+    forced = os.environ.get("ROLLBOX_MICROVM_ACCEL") if accel is None else accel
     if forced in ("kvm", "tcg"):
-        return ProbeResult(forced, "forced by ROLLBOX_MICROVM_ACCEL", 0.0)
-    device = os.environ.get("ROLLBOX_MICROVM_KVM_DEVICE", "/dev/kvm")
-    timeout = float(os.environ.get("ROLLBOX_MICROVM_PROBE_TIMEOUT", DEFAULT_TIMEOUT))
+        return ProbeResult(forced, "forced by ROLLBOX_MICROVM_ACCEL or the config", 0.0)
+    if device is None:
+        device = os.environ.get("ROLLBOX_MICROVM_KVM_DEVICE", "/dev/kvm")
+    if timeout is None:
+        timeout = float(os.environ.get("ROLLBOX_MICROVM_PROBE_TIMEOUT", DEFAULT_TIMEOUT))
     key = f"{boot_id()}|{device}|{timeout:g}|{vmlinuz}"
     cache = vm_dir / "accel.json"
     try:

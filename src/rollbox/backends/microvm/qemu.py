@@ -35,13 +35,22 @@ create 1.4x slower. 16 trades speed for density; 8 is 3x slower."""
 
 # TCG: the kernel's PIT calibration fails on a busy host (the vCPU thread is descheduled
 # mid-loop) and boot then hangs; give it the TSC and LAPIC timer rates instead of probing.
-TCG_APPEND = "tsc=reliable lapic_timer_period=4000000 no_timer_check"
+TCG_BASE_APPEND = "tsc=reliable lapic_timer_period=4000000 no_timer_check"
+TCG_APPEND = TCG_BASE_APPEND
 # TCG keys its translated code by guest virtual address, so with ASLR every new process
 # (ld.so, libc at fresh addresses) is translated from scratch: measured here, fork+exec of
 # /bin/true 40 -> 10 ms and `python3 -c pass` 400 -> 100 ms without it. The VM, not ASLR,
 # is the boundary between rollouts; ROLLBOX_MICROVM_ASLR=1 keeps guest ASLR on under TCG.
-if os.environ.get("ROLLBOX_MICROVM_ASLR", "0") != "1":
+ASLR = os.environ.get("ROLLBOX_MICROVM_ASLR", "0") == "1"
+if not ASLR:
     TCG_APPEND += " norandmaps"
+
+
+def tcg_append(aslr: bool) -> str:
+    """The TCG guests' extra kernel arguments (``norandmaps`` unless ``aslr``)."""
+    return TCG_BASE_APPEND if aslr else f"{TCG_BASE_APPEND} norandmaps"
+
+
 BASE_APPEND = (
     "console=ttyS0 panic=-1 reboot=t quiet loglevel=1 cryptomgr.notests "
     "i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd random.trust_cpu=on "
@@ -112,16 +121,20 @@ class VMConfig:
     """A virtio-net NIC on the tap device ``tap0`` (allow-list sandboxes)."""
     netns: str = ""
     """The network namespace QEMU runs in (holds ``tap0``); "" = the host's."""
+    tb_mb: int = TB_MB
+    """TCG translation cache (MiB); see :data:`TB_MB`."""
+    aslr: bool = ASLR
+    """Keep guest ASLR on under TCG; see :data:`TCG_APPEND`."""
 
     def argv(self, *, incoming: str | None = None) -> list[str]:
         """The QEMU command line (``incoming``: restore from that migration URI, paused)."""
         rd = Path(self.run_dir)
         append = BASE_APPEND
         if self.accel == "tcg":
-            append += f" {TCG_APPEND} tsc_early_khz={self.tsc_khz}"
+            append += f" {tcg_append(self.aslr)} tsc_early_khz={self.tsc_khz}"
         if self.extra_append:
             append += " " + self.extra_append
-        accel = ["-accel", f"tcg,thread=multi,tb-size={TB_MB}", "-cpu", "max"]
+        accel = ["-accel", f"tcg,thread=multi,tb-size={self.tb_mb}", "-cpu", "max"]
         if self.accel == "kvm":
             accel = ["-accel", "kvm", "-cpu", "host,-arch-capabilities"]
         # a restore needs no kernel: QEMU would hold kernel + initrd (~13 MB) in memory for
