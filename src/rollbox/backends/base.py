@@ -355,6 +355,20 @@ class Backend(abc.ABC):
             raise UnsupportedOperationError(
                 self.name, "memory_snapshot", hint="use backend microvm"
             )
+        if spec.user not in (None, "root", "0", "0:0") and not caps.users:
+            raise UnsupportedOperationError(self.name, "users", hint="run as root")
+
+    def hardware_virtualized(self) -> tuple[bool, str]:
+        """Whether this backend's sandboxes run under hardware virtualisation on this host
+        (``--backend auto`` prefers such a backend), and why. May run :meth:`prepare`.
+
+        Returns:
+            ``(False, reason)`` unless the backend overrides it (``microvm``: KVM usable).
+
+        Raises:
+            BackendUnavailableError: the backend cannot run here (from ``prepare``).
+        """
+        return False, f"backend {self.name!r} uses no hardware virtualisation"
 
 
 class MemorySnapshotRecord(Protocol):

@@ -9,7 +9,6 @@ a run and recorded in the run record.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from rollbox.backends.registry import get_backend, names
 from rollbox.config import Home
@@ -32,21 +31,15 @@ def _kvm_verdict(home: Home) -> tuple[bool, str]:
     """
     try:
         be = get_backend("microvm", home)
-    except (ImportError, AttributeError, RollboxError) as exc:
+    except RollboxError as exc:
         return False, f"microvm backend not available ({exc})"
-    if not hasattr(type(be), "accelerator"):
-        return False, "microvm backend has no accelerator probe"
     try:
         be.prepare()
-        value: Any = getattr(be, "accelerator")  # noqa: B009 (a property of the microVM backend)
-        result: Any = value() if callable(value) else value
+        return be.hardware_virtualized()
     except RollboxError as exc:
         return False, f"microvm unavailable: {exc.one_line()}"
     except Exception as exc:
         return False, f"microvm probe failed: {type(exc).__name__}: {exc}"
-    accel = str(getattr(result, "accelerator", result))
-    why = str(getattr(result, "reason", "") or f"accelerator {accel}")
-    return accel == "kvm", why
 
 
 def _works(name: str, home: Home) -> tuple[bool, str]:

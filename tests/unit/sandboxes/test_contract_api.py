@@ -251,3 +251,33 @@ def test_vm_command_line_follows_the_config() -> None:
 
     assert "tb-size=16" in argv(tb_mb=16) and "norandmaps" in argv(aslr=False)
     assert "norandmaps" not in argv(aslr=True)
+
+
+def test_hardware_virtualization_is_asked_through_the_contract(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rollbox.backends.microvm import probe
+    from rollbox.rollouts import backend_choice
+
+    ns = registry.new_backend("namespace", Home(tmp_path))
+    assert ns.hardware_virtualized()[0] is False
+    vm = registry.new_backend("microvm", Home(tmp_path))
+    for accel, want in (("kvm", True), ("tcg", False)):
+        vm._accel = probe.ProbeResult(accel, f"probe said {accel}", 0.0)  # type: ignore[attr-defined]
+        monkeypatch.setattr(type(vm), "prepare", lambda self: None)
+        assert vm.hardware_virtualized() == (want, f"probe said {accel}")
+        monkeypatch.setattr(backend_choice, "get_backend", lambda name, home: vm)
+        assert backend_choice._kvm_verdict(Home(tmp_path)) == (want, f"probe said {accel}")
+
+
+def test_check_refuses_a_user_without_the_users_capability(tmp_path: Path) -> None:
+    from rollbox.models import SandboxSpec
+
+    class Rootonly(NamespaceBackend):
+        name: ClassVar[str] = "test-rootonly"
+        capabilities: ClassVar[Capabilities] = Capabilities(users=False)
+
+    be = Rootonly(Home(tmp_path))
+    be.check(SandboxSpec(baseline="sha256:" + "0" * 64, backend=be.name, user="root"))
+    with pytest.raises(UnsupportedOperationError, match="users"):
+        be.check(SandboxSpec(baseline="sha256:" + "0" * 64, backend=be.name, user="1000"))

@@ -922,6 +922,11 @@ class MicroVMBackend(Backend, MemorySnapshots):
         assert self._accel is not None
         return self._accel
 
+    def hardware_virtualized(self) -> tuple[bool, str]:
+        """KVM where the probe guest boots under it (see :mod:`.probe`), else TCG."""
+        result = self.accelerator
+        return result.accelerator == "kvm", result.reason
+
     def check(self, spec: SandboxSpec) -> None:
         super().check(spec)
         lim = spec.limits
