@@ -39,7 +39,7 @@ def test_policy_timeout_kills_the_awaited_exec_tree(
         async def no_kill(_xcg: object) -> None:
             return None
 
-        monkeypatch.setattr("rollbox.backends.namespace.backend._shielded_kill", no_kill)
+        monkeypatch.setattr("rollbox.backends.namespace.sandbox._shielded_kill", no_kill)
     (tmp_path / "spammy_policy_i15.py").write_text(POLICY)
     monkeypatch.syspath_prepend(str(tmp_path))
     t = runs.task("spam", test=TEST, toml="[agent]\ntimeout_sec = 1.5\n")

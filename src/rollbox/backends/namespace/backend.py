@@ -19,8 +19,6 @@ the agent runs. Why bwrap and not runc: see the README, "Design notes".
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fcntl
 import os
 import shutil
 import socket
@@ -32,19 +30,25 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rollbox.backends.agent.build import agent_binary
-from rollbox.backends.agent.client import AgentClient, short_unix_path
-from rollbox.backends.agent.protocol import ExecRequest
-from rollbox.backends.base import Backend, OutputCallback, SandboxHandle, command_argv
-from rollbox.backends.common.bundle import DEFAULT_CAPS
+from rollbox.backends.agent.client import short_unix_path
+from rollbox.backends.base import Backend
 from rollbox.backends.common.cgroups import Cgroup, remove_orphan_cgroups
-from rollbox.backends.common.copylinks import LinkPolicy
-from rollbox.backends.common.reasons import dir_full, pids_max_hits, tracked
 from rollbox.backends.common.rootfs import Rootfs, remove_orphan_mounts, remove_sandbox_dir
 from rollbox.backends.config import BackendConfig
-from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.namespace import teardown
-from rollbox.backends.namespace.capture import StreamCapture
-from rollbox.backends.namespace.files import RootFiles
+from rollbox.backends.namespace.launch import (
+    BOX,
+    CAPS,
+    DEFAULT_PATH,
+    PIDS_RESERVE,
+    PROC_HARDENING,
+    RUN_TMPFS_BYTES,
+    _make_box,
+    _ping_sync,
+    _wait_ready,
+    agent_memfd,
+)
+from rollbox.backends.namespace.sandbox import NamespaceSandbox, _shielded_kill
 from rollbox.backends.namespace.seccomp import filter_file
 from rollbox.backends.registry import register_backend
 from rollbox.backends.state import (
@@ -60,23 +64,13 @@ from rollbox.config import Home
 from rollbox.errors import (
     BackendError,
     BackendUnavailableError,
-    ExecTimeoutError,
     InvalidInputError,
     RollboxError,
-    SandboxCrashedError,
     SandboxNotFoundError,
-    SandboxStateError,
     TeardownError,
 )
 from rollbox.ids import new_id
-from rollbox.models import BaselineInfo, Capabilities, ExecResult, SandboxInfo, SandboxSpec, utcnow
-
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-RUN_TMPFS_BYTES = 16 << 20
-# Docker's default capability set without CAP_MKNOD (no device nodes in the rootfs, so the
-# host never opens a device through a sandbox path); the same set the gVisor bundle gets.
-CAPS = DEFAULT_CAPS
-
+from rollbox.models import BaselineInfo, Capabilities, SandboxInfo, SandboxSpec, utcnow
 
 _PREPARED: dict[Path, tuple[Path, Path]] = {}
 """Per home: (agent binary, seccomp filter file), built once per process."""
@@ -91,42 +85,6 @@ def _network_module() -> Any:
     except ImportError:
         return None
     return network
-
-
-# Root inside is root on the host's kernel: without these, `echo 2 > /proc/sys/kernel/panic`
-# or /proc/sysrq-trigger inside would change or crash the host (docker's readonly/masked paths).
-# /proc/sys is bound from the host procfs read-only; its values follow the reader's namespaces.
-PROC_HARDENING: list[str] = [
-    *("--ro-bind", "/proc/sys", "/proc/sys"),
-    *("--ro-bind-try", "/proc/fs", "/proc/fs"),  # bwrap itself covers irq and bus
-    *(
-        a
-        for p in ("sysrq-trigger", "kcore", "keys", "timer_list", "sched_debug", "latency_stats")
-        # bwrap cannot mask a file the kernel does not have (e.g. no CONFIG_MAGIC_SYSRQ)
-        if os.path.exists(f"/proc/{p}")
-        for a in ("--ro-bind", "/dev/null", f"/proc/{p}")
-    ),
-]
-
-
-_MEMFDS: dict[Path, int] = {}
-_MEMFD_LOCK = threading.Lock()
-
-
-def agent_memfd(path: Path) -> int:
-    """A sealed, read-only memfd holding the agent binary at ``path`` (one per process)."""
-    with _MEMFD_LOCK:
-        fd = _MEMFDS.get(path)
-        if fd is None:
-            fd = os.memfd_create("rollbox-agent", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-            data = path.read_bytes()
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals | fcntl.F_SEAL_WRITE)
-            _MEMFDS[path] = fd
-        return fd
 
 
 def _tool_version(argv: list[str]) -> str:
@@ -205,7 +163,6 @@ class NamespaceBackend(Backend):
         from rollbox.backends.common.hostlimits import check_disk
 
         check_disk(spec.limits, "tmpfs")  # the writable layer is a tmpfs
-
         if spec.network.mode == "allow" and _network_module() is None:
             raise BackendUnavailableError("allow-list networking is not available here")
         if not spec.hostname or len(spec.hostname) > 63 or "/" in spec.hostname:
@@ -534,400 +491,18 @@ class NamespaceBackend(Backend):
         return None
 
 
-async def _shielded_kill(xcg: Cgroup) -> None:
-    """Kill an exec's cgroup in a thread, to the end even when the caller is cancelled."""
-    kill = asyncio.ensure_future(asyncio.to_thread(xcg.kill_all))
-    while not kill.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(kill)
-    with contextlib.suppress(OSError, RollboxError):
-        kill.result()
-
-
-BOX = "box"
-"""Sub-group (pids + freezer) holding every exec's own group; the sandbox's group keeps
-``PIDS_RESERVE`` pids more than the limit for the agent, so a fork bomb inside can never
-stop the agent from answering or killing."""
-PIDS_RESERVE = 16
-
-
-def _make_box(cg: Cgroup, pids: int | None) -> None:
-    if pids is not None:
-        (cg.paths["pids"] / "pids.max").write_text(str(pids + PIDS_RESERVE))
-    cg.child(BOX, ("pids", "freezer"), pids_max=pids)
-
-
-def _wait_ready(fd: int, timeout: float = 10.0) -> bool:
-    """True when the agent wrote its ready byte on ``fd`` within ``timeout``; False on EOF
-    (everything holding the write end died) or timeout."""
-    import select
-
-    ready, _, _ = select.select([fd], [], [], timeout)
-    return bool(ready) and os.read(fd, 1) == b"r"
-
-
-def _ping_sync(path: Path, timeout: float = 10.0) -> bool:
-    """Ping the agent with a blocking socket (used from worker threads)."""
-    from rollbox.backends.agent import protocol as p
-
-    deadline = time.monotonic() + timeout
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
-        try:
-            with short_unix_path(path) as short:
-                s.connect(short)
-            s.sendall(p.frame(p.PING))
-            data = b""
-            while len(data) < p.HEADER.size and time.monotonic() < deadline:
-                chunk = s.recv(64)
-                if not chunk:
-                    return False
-                data += chunk
-            return data[:1] == p.PONG
-        except OSError:
-            return False
-
-
-class NamespaceSandbox(SandboxHandle):
-    """One live ``namespace`` sandbox."""
-
-    def __init__(self, backend: NamespaceBackend, info: SandboxInfo) -> None:
-        self.backend = backend
-        self.home = backend.home
-        self._info = info
-        self.dir = sandbox_dir(self.home, info.id)
-        self.cgroup = Cgroup.open(self.home.tag, info.id)
-        self.rootfs = Rootfs.open(self.dir)
-        self.files = RootFiles(self.rootfs.root)
-        self.client = AgentClient(self.dir / "run" / "agent.sock")
-        self._exec_seq = 0
-        self._state_key: tuple[int, int, int] | None = None
-
-    @property
-    def info(self) -> SandboxInfo:
-        """The sandbox's state record."""
-        return self._info
-
-    def _note_state_file(self) -> None:
-        """Remember state.json as just written from ``self._info``, so the first file or
-        exec call does not parse it back (one model validation per sandbox saved)."""
-        try:
-            st = os.stat(self.dir / "state.json")
-        except FileNotFoundError:
-            return
-        self._state_key = (st.st_mtime_ns, st.st_size, st.st_ino)
-
-    def _refresh(self) -> SandboxInfo:
-        # Another process may have paused or destroyed the sandbox: re-read state.json,
-        # but only when it changed (a stat instead of a parse on every exec).
-        try:
-            st = os.stat(self.dir / "state.json")
-        except FileNotFoundError:
-            self._info = self._info.model_copy(update={"state": "destroyed"})
-            return self._info
-        key = (st.st_mtime_ns, st.st_size, st.st_ino)
-        if key != self._state_key:
-            try:
-                self._info = read_state(self.home, self.id)
-                self._state_key = key
-            except SandboxNotFoundError:
-                self._info = self._info.model_copy(update={"state": "destroyed"})
-        return self._info
-
-    def _require_running(self) -> None:
-        state = self._refresh().state
-        if state == "destroyed":
-            raise SandboxStateError(f"sandbox {self.id} is destroyed")
-        if state == "paused":
-            raise SandboxStateError(f"sandbox {self.id} is paused", hint="resume it first")
-        if state != "running":
-            raise SandboxStateError(f"sandbox {self.id} is {state}")
-
-    def _require_live(self) -> None:
-        if self._refresh().state == "destroyed":
-            raise SandboxStateError(f"sandbox {self.id} is destroyed")
-
-    # ------------------------------------------------------------------ exec
-
-    def _resolve_user(self, user: str | None) -> tuple[int | None, int, str]:
-        """(uid or None for root-as-is, gid, home directory) of ``user`` inside."""
-        if user is None or user in ("", "root", "0", "0:0"):
-            return None, 0, "/root"
-        name, _, group = user.partition(":")
-        passwd: list[list[str]] = []
-        with contextlib.suppress(RollboxError, OSError):
-            text = self.files.read("/etc/passwd").decode(errors="replace")
-            passwd = [line.split(":") for line in text.splitlines() if line.count(":") >= 6]
-        uid: int | None = None
-        gid = -1
-        homedir = "/"
-        for entry in passwd:
-            if entry[0] == name or (name.isdigit() and entry[2] == name):
-                uid, gid, homedir = int(entry[2]), int(entry[3]), entry[5] or "/"
-                break
-        if uid is None:
-            if not name.isdigit():
-                raise InvalidInputError(
-                    f"no user {name!r} in the sandbox's /etc/passwd", hint="use a numeric uid"
-                )
-            uid = int(name)
-            gid = uid
-        if group:
-            if not group.isdigit():
-                raise InvalidInputError(f"group must be numeric in user {user!r}")
-            gid = int(group)
-        return uid, gid, homedir
-
-    def _base_env(self, homedir: str) -> dict[str, str]:
-        env = {"PATH": DEFAULT_PATH, "HOME": homedir, "HOSTNAME": self.info.spec.hostname}
-        image_env = self.info.extra.get("image_env")
-        if isinstance(image_env, list):
-            for item in image_env:
-                k, sep, v = str(item).partition("=")
-                if sep:
-                    env[k] = v
-        env.update(self.info.spec.env)
-        return env
-
-    @tracked
-    async def exec(
-        self,
-        cmd: list[str] | str,
-        *,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        secrets: dict[str, str] | None = None,
-        stdin: bytes | str | None = None,
-        timeout: float | None = None,
-        user: str | None = None,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        isolate: IsolatedExec | None = None,
-    ) -> ExecResult:
-        """Run a command inside; see :meth:`SandboxHandle.exec`."""
-        self._require_running()
-        argv = command_argv(cmd)
-        if isolate is not None:
-            isolate.check()
-        if timeout is not None and timeout <= 0:
-            raise InvalidInputError("timeout must be > 0")
-        spec = self.info.spec
-        default_user = (
-            spec.user if spec.user is not None else str(self.info.extra.get("image_user") or "")
-        )
-        uid, gid, homedir = self._resolve_user(user if user is not None else default_user)
-        full_env = self._base_env(homedir)
-        full_env.update(env or {})
-        full_env.update(secrets or {})
-        req = ExecRequest(
-            argv=argv,
-            env=full_env,
-            cwd=cwd or spec.workdir or str(self.info.extra.get("image_workdir") or "/"),
-            uid=uid,
-            gid=gid,
-            nofile=spec.limits.nofile or 0,
-            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
-            isolate=isolate,
-        )
-        secret_values = [v for v in (secrets or {}).values() if v]
-        cap = spec.limits.output_bytes
-        out = StreamCapture(cap, secret_values, on_stdout)
-        err = StreamCapture(cap, secret_values, on_stderr)
-        self._exec_seq += 1
-        xname = f"{BOX}/x{os.getpid()}-{self._exec_seq}-{time.monotonic_ns() % 1000000}"
-        xcg = self.cgroup.child(xname, ("pids", "freezer"))
-        oom_before = self._oom_kills()
-        pids_hit = False
-        started = time.monotonic()
-
-        # The command joins its own cgroups itself, through open cgroup.procs files passed
-        # with the request (no pid round trip; the fds are close-on-exec inside).
-        cg_fds = [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in xcg.procs_files()]
-        try:
-            try:
-                run = self.client.exec(
-                    req, cgroup_fds=cg_fds, on_stdout=out.feed, on_stderr=err.feed
-                )
-                agent_exit = await (run if timeout is None else asyncio.wait_for(run, timeout))
-            except asyncio.CancelledError:
-                # Cancelled (e.g. a policy's own timeout, Ctrl-C): the command's tree must
-                # not outlive the exec; the kill runs to completion even if cancelled again.
-                await _shielded_kill(xcg)
-                raise
-            except TimeoutError:
-                await asyncio.to_thread(xcg.kill_all)
-                hit_reasons = self._limits_hit(oom_before, pids_max_hits(xcg) > 0).reasons
-                raise ExecTimeoutError(
-                    f"command timed out after {timeout:g}s (its process tree was killed)",
-                    stdout=out.finish(),
-                    stderr=err.finish(),
-                    timeout=timeout,
-                    reasons=list(hit_reasons),
-                ) from None
-            except ValueError as exc:
-                raise InvalidInputError(f"bad command: {exc}") from None
-        finally:
-            for fd in cg_fds:
-                os.close(fd)
-            with contextlib.suppress(OSError):
-                pids_hit = pids_max_hits(xcg) > 0  # read before the group goes
-            # Survivors (background daemons) keep their group until destroy.
-            xcg.remove_if_empty()
-        duration = time.monotonic() - started
-        if agent_exit.fail_stage == "chdir":
-            raise InvalidInputError(
-                f"working directory {req.cwd!r} in the sandbox: {agent_exit.fail_message()}"
-            )
-        if agent_exit.fail_stage == "cgroup":
-            raise BackendError(
-                f"sandbox {self.id}: the command could not join its cgroup: "
-                f"{agent_exit.fail_message()}"
-            )
-        if agent_exit.fail_stage == "user":
-            raise InvalidInputError(f"cannot switch to user {user!r}: {agent_exit.fail_message()}")
-        if agent_exit.fail_stage in ("private mounts", "restrict"):
-            raise BackendError(
-                f"sandbox {self.id}: {agent_exit.fail_stage}: {agent_exit.fail_message()}"
-            )
-        if agent_exit.fail_stage == "exec":
-            err.feed(f"rollbox: {argv[0]}: {agent_exit.fail_message()}\n".encode())
-        hit = self._limits_hit(oom_before, pids_hit)
-        if not self.cgroup.exists():
-            raise SandboxCrashedError(f"sandbox {self.id} died during the command")
-        return ExecResult(
-            exit_code=agent_exit.exit_code,
-            stdout=out.finish(),
-            stderr=err.finish(),
-            duration_s=duration,
-            oom_killed=hit.oom_killed,
-            pids_exhausted=hit.pids_exhausted,
-            disk_full=hit.disk_full,
-            truncated=out.truncated or err.truncated,
-        )
-
-    def _limits_hit(self, oom_before: int, pids_hit: bool) -> ExecResult:
-        """An ``ExecResult`` with only the limit flags of a command that just ended set
-        (see :mod:`rollbox.backends.common.reasons`)."""
-        disk = self.info.spec.limits.disk_mb is not None and dir_full(self.rootfs.upperfs)
-        return ExecResult(
-            exit_code=0,
-            stdout="",
-            stderr="",
-            duration_s=0.0,
-            oom_killed=self._oom_kills() > oom_before,
-            pids_exhausted=pids_hit,
-            disk_full=disk,
-        )
-
-    def _oom_kills(self) -> int:
-        """OOM kills in the sandbox's group (any cgroup version)."""
-        return self.cgroup.oom_kills()
-
-    # ------------------------------------------------------------------ files
-
-    async def read_file(self, path: str) -> bytes:
-        """Read a file inside (resolved safely below the root)."""
-        self._require_live()
-        return await asyncio.to_thread(self.files.read, path)
-
-    async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644) -> None:
-        """Write a file inside (parents made; resolved safely below the root)."""
-        self._require_live()
-        raw = data.encode() if isinstance(data, str) else data
-        await asyncio.to_thread(self.files.write, path, raw, mode)
-
-    async def upload(self, src: Path, dest: str) -> None:
-        """Copy a host file or tree into the sandbox."""
-        self._require_live()
-        await asyncio.to_thread(self.files.upload, src, dest)
-
-    async def download(self, src: str, dest: Path, *, links: LinkPolicy = "refuse") -> None:
-        """Copy a file or tree out of the sandbox; see :meth:`SandboxHandle.download`."""
-        self._require_live()
-        await asyncio.to_thread(self.files.download, src, dest, links)
-
-    # ------------------------------------------------------------------ snapshot / fork
-
-    async def snapshot(self, *, name: str | None = None) -> str:
-        """The current filesystem changes as a new baseline (parent recorded)."""
-        self._require_live()
-        return await asyncio.to_thread(self._snapshot_sync, name)
-
-    def _snapshot_sync(self, name: str | None) -> str:
-        from rollbox.baselines.store import BaselineStore
-        from rollbox.models import SnapshotSource
-
-        with self._frozen():
-            info = BaselineStore(self.home).commit_snapshot(
-                self.info.baseline,
-                self.rootfs.upper,
-                SnapshotSource(sandbox_id=self.id, backend=self.backend.name),
-                name=name,
-            )
-        return info.digest
-
-    @contextlib.contextmanager
-    def _frozen(self) -> Any:
-        was_frozen = self.cgroup.is_frozen()
-        if not was_frozen:
-            self.cgroup.freeze()
-        try:
-            yield
-        finally:
-            if not was_frozen:
-                self.cgroup.thaw()
-
-    async def fork(self, n: int) -> list[SandboxHandle]:
-        """``n`` independent sandboxes seeded with a copy of this one's changes."""
-        if n < 1:
-            raise InvalidInputError("fork needs n >= 1")
-        self._require_live()
-        return await asyncio.to_thread(self._fork_sync, n)
-
-    def _fork_sync(self, n: int) -> list[SandboxHandle]:
-        from rollbox.baselines.store import BaselineStore
-
-        baseline = BaselineStore(self.home).resolve(self.info.baseline)
-        spec = self.info.spec.model_copy()
-        out: list[SandboxHandle] = []
-        try:
-            with self._frozen():
-                for _ in range(n):
-                    out.append(self.backend._create_sync(spec, baseline, self.rootfs.upper))
-        except BaseException:
-            for h in out:
-                assert isinstance(h, NamespaceSandbox)
-                with contextlib.suppress(RollboxError):
-                    self.backend._teardown(h.info)
-            raise
-        return out
-
-    # ------------------------------------------------------------------ lifecycle
-
-    async def pause(self) -> None:
-        """Freeze every process inside."""
-        self._require_running()
-        await asyncio.to_thread(self.cgroup.freeze)
-        self._set_state("paused")
-
-    async def resume(self) -> None:
-        """Thaw a paused sandbox."""
-        state = self._refresh().state
-        if state == "destroyed":
-            raise SandboxStateError(f"sandbox {self.id} is destroyed")
-        await asyncio.to_thread(self.cgroup.thaw)
-        self._set_state("running")
-
-    def _set_state(self, state: str) -> None:
-        info = self._refresh().model_copy(update={"state": state})
-        write_state(self.home, info)
-        self._info = info
-
-    async def destroy(self) -> None:
-        """Kill everything inside and remove every host resource (idempotent)."""
-        await asyncio.to_thread(self.destroy_sync)
-
-    def destroy_sync(self) -> None:
-        """Blocking :meth:`destroy`."""
-        self.backend._teardown(self._info)
-        self._info = self._info.model_copy(update={"state": "destroyed"})
+__all__ = [
+    "BOX",
+    "CAPS",
+    "DEFAULT_PATH",
+    "PIDS_RESERVE",
+    "PROC_HARDENING",
+    "RUN_TMPFS_BYTES",
+    "NamespaceBackend",
+    "NamespaceSandbox",
+    "_make_box",
+    "_ping_sync",
+    "_shielded_kill",
+    "_wait_ready",
+    "agent_memfd",
+]
