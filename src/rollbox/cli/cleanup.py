@@ -35,10 +35,10 @@ def cleanup(home: Home, dry_run: bool = False, problems: list[str] | None = None
     for name in names():
         try:
             be = get_backend(name, home)
-        except (ImportError, AttributeError, SyntaxError, RollboxError) as exc:
-            if problems is not None and not isinstance(exc, ImportError | AttributeError):
+        except (SyntaxError, RollboxError) as exc:  # a declared backend that cannot load
+            if problems is not None:
                 problems.append(f"backend {name} not loaded: {exc}")
-            continue  # not present in this install
+            continue
         try:
             lines += be.cleanup_orphans(dry_run=dry_run)
         except BackendUnavailableError:

@@ -281,3 +281,24 @@ def test_check_refuses_a_user_without_the_users_capability(tmp_path: Path) -> No
     be.check(SandboxSpec(baseline="sha256:" + "0" * 64, backend=be.name, user="root"))
     with pytest.raises(UnsupportedOperationError, match="users"):
         be.check(SandboxSpec(baseline="sha256:" + "0" * 64, backend=be.name, user="1000"))
+
+
+def test_a_declared_backend_that_cannot_load_is_reported_not_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rollbox.cli.cleanup import cleanup
+    from rollbox.errors import BackendUnavailableError
+
+    site = tmp_path / "site"
+    dist = site / "rbx_broken-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rbx-broken\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[rollbox.backends]\next-gone = rbx_gone_mod:Gone\n")
+    monkeypatch.syspath_prepend(str(site))
+    assert "ext-gone" in registry.names()
+    with pytest.raises(BackendUnavailableError, match="rbx_gone_mod"):
+        registry.get_backend("ext-gone", Home(tmp_path / "h"))
+    monkeypatch.setattr("rollbox.cli.cleanup.names", lambda: ["ext-gone"])
+    problems: list[str] = []
+    cleanup(Home(tmp_path / "h"), dry_run=True, problems=problems)
+    assert len(problems) == 1 and "ext-gone not loaded" in problems[0], problems
