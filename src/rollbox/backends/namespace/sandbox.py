@@ -11,22 +11,29 @@ from typing import TYPE_CHECKING, Any
 
 from rollbox.backends.agent.client import AgentClient
 from rollbox.backends.agent.protocol import ExecRequest
-from rollbox.backends.base import OutputCallback, SandboxHandle, command_argv
+from rollbox.backends.base import OutputCallback, SandboxHandle
 from rollbox.backends.common.cgroups import Cgroup
 from rollbox.backends.common.copylinks import LinkPolicy
+from rollbox.backends.common.execprep import (
+    PreparedExec,
+    base_env,
+    effective_user,
+    is_root,
+    map_exec_error,
+    prepare_exec,
+)
 from rollbox.backends.common.reasons import dir_full, pids_max_hits, tracked
 from rollbox.backends.common.rootfs import Rootfs
 from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.namespace.capture import StreamCapture
 from rollbox.backends.namespace.files import RootFiles
-from rollbox.backends.namespace.launch import BOX, DEFAULT_PATH
+from rollbox.backends.namespace.launch import BOX
 from rollbox.backends.state import (
     read_state,
     sandbox_dir,
     write_state,
 )
 from rollbox.errors import (
-    BackendError,
     ExecTimeoutError,
     InvalidInputError,
     RollboxError,
@@ -111,45 +118,28 @@ class NamespaceSandbox(SandboxHandle):
 
     # ------------------------------------------------------------------ exec
 
+    def _prepare(self, cmd: list[str] | str, **kw: Any) -> PreparedExec:
+        """The exec checked and resolved by the shared helper (/etc/passwd read from the
+        host side, only for a user other than root)."""
+        user = effective_user(self.info, kw.get("user"))
+        passwd = group = None
+        if not is_root(user):
+            with contextlib.suppress(RollboxError, OSError):
+                passwd = self.files.read("/etc/passwd").decode(errors="replace")
+            if not user.partition(":")[2].isdigit():
+                with contextlib.suppress(RollboxError, OSError):
+                    group = self.files.read("/etc/group").decode(errors="replace")
+        return prepare_exec(self.info, cmd, passwd=passwd, group=group, **kw)
+
     def _resolve_user(self, user: str | None) -> tuple[int | None, int, str]:
-        """(uid or None for root-as-is, gid, home directory) of ``user`` inside."""
-        if user is None or user in ("", "root", "0", "0:0"):
-            return None, 0, "/root"
-        name, _, group = user.partition(":")
-        passwd: list[list[str]] = []
-        with contextlib.suppress(RollboxError, OSError):
-            text = self.files.read("/etc/passwd").decode(errors="replace")
-            passwd = [line.split(":") for line in text.splitlines() if line.count(":") >= 6]
-        uid: int | None = None
-        gid = -1
-        homedir = "/"
-        for entry in passwd:
-            if entry[0] == name or (name.isdigit() and entry[2] == name):
-                uid, gid, homedir = int(entry[2]), int(entry[3]), entry[5] or "/"
-                break
-        if uid is None:
-            if not name.isdigit():
-                raise InvalidInputError(
-                    f"no user {name!r} in the sandbox's /etc/passwd", hint="use a numeric uid"
-                )
-            uid = int(name)
-            gid = uid
-        if group:
-            if not group.isdigit():
-                raise InvalidInputError(f"group must be numeric in user {user!r}")
-            gid = int(group)
-        return uid, gid, homedir
+        """(uid or None for root, gid, home) of ``user``; kept for gVisor's exec until it
+        moves onto :meth:`_prepare`."""
+        who = self._prepare(["true"], user=user).user
+        return who.uid, who.gid, who.home
 
     def _base_env(self, homedir: str) -> dict[str, str]:
-        env = {"PATH": DEFAULT_PATH, "HOME": homedir, "HOSTNAME": self.info.spec.hostname}
-        image_env = self.info.extra.get("image_env")
-        if isinstance(image_env, list):
-            for item in image_env:
-                k, sep, v = str(item).partition("=")
-                if sep:
-                    env[k] = v
-        env.update(self.info.spec.env)
-        return env
+        """See :func:`rollbox.backends.common.execprep.base_env` (kept for gVisor's exec)."""
+        return base_env(self.info, homedir)
 
     @tracked
     async def exec(
@@ -168,30 +158,24 @@ class NamespaceSandbox(SandboxHandle):
     ) -> ExecResult:
         """Run a command inside; see :meth:`SandboxHandle.exec`."""
         self._require_running()
-        argv = command_argv(cmd)
         if isolate is not None:
             isolate.check()
-        if timeout is not None and timeout <= 0:
-            raise InvalidInputError("timeout must be > 0")
-        spec = self.info.spec
-        default_user = (
-            spec.user if spec.user is not None else str(self.info.extra.get("image_user") or "")
+        prep = self._prepare(
+            cmd, cwd=cwd, env=env, secrets=secrets, stdin=stdin, timeout=timeout, user=user
         )
-        uid, gid, homedir = self._resolve_user(user if user is not None else default_user)
-        full_env = self._base_env(homedir)
-        full_env.update(env or {})
-        full_env.update(secrets or {})
+        argv = prep.argv
+        spec = self.info.spec
         req = ExecRequest(
             argv=argv,
-            env=full_env,
-            cwd=cwd or spec.workdir or str(self.info.extra.get("image_workdir") or "/"),
-            uid=uid,
-            gid=gid,
+            env=prep.env,
+            cwd=prep.cwd,
+            uid=prep.user.uid,
+            gid=prep.user.gid,
             nofile=spec.limits.nofile or 0,
-            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+            stdin=prep.stdin,
             isolate=isolate,
         )
-        secret_values = [v for v in (secrets or {}).values() if v]
+        secret_values = prep.secret_values
         cap = spec.limits.output_bytes
         out = StreamCapture(cap, secret_values, on_stdout)
         err = StreamCapture(cap, secret_values, on_stderr)
@@ -236,21 +220,11 @@ class NamespaceSandbox(SandboxHandle):
             # Survivors (background daemons) keep their group until destroy.
             xcg.remove_if_empty()
         duration = time.monotonic() - started
-        if agent_exit.fail_stage == "chdir":
-            raise InvalidInputError(
-                f"working directory {req.cwd!r} in the sandbox: {agent_exit.fail_message()}"
-            )
-        if agent_exit.fail_stage == "cgroup":
-            raise BackendError(
-                f"sandbox {self.id}: the command could not join its cgroup: "
-                f"{agent_exit.fail_message()}"
-            )
-        if agent_exit.fail_stage == "user":
-            raise InvalidInputError(f"cannot switch to user {user!r}: {agent_exit.fail_message()}")
-        if agent_exit.fail_stage in ("private mounts", "restrict"):
-            raise BackendError(
-                f"sandbox {self.id}: {agent_exit.fail_stage}: {agent_exit.fail_message()}"
-            )
+        failure = map_exec_error(
+            agent_exit.fail_stage, agent_exit.fail_message(), sandbox_id=self.id, prepared=prep
+        )
+        if failure is not None:
+            raise failure
         if agent_exit.fail_stage == "exec":
             err.feed(f"rollbox: {argv[0]}: {agent_exit.fail_message()}\n".encode())
         hit = self._limits_hit(oom_before, pids_hit)
