@@ -29,9 +29,6 @@ reward is ``failed``/``verifier``.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import os
-import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -43,57 +40,34 @@ from typing import Any, TypeVar
 
 from rollbox import __version__
 from rollbox.backends.base import Backend, SandboxHandle
-from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.registry import get_backend
 from rollbox.config import Home
 from rollbox.errors import (
     BackendError,
     CapabilityError,
-    ExecTimeoutError,
-    InvalidInputError,
     RollboxError,
-    VerifierError,
 )
 from rollbox.ids import new_id
 from rollbox.models import (
     BaselineInfo,
     BlobRef,
-    ErrorKind,
-    FsChange,
     PhaseStamp,
     RolloutRecord,
-    RolloutStatus,
     SandboxSpec,
-    VerifierOutcome,
     utcnow,
 )
 from rollbox.rollouts import blame
 from rollbox.rollouts.agents import INSTRUCTION_PATH, Agent, AgentContext, AgentOutcome
 from rollbox.rollouts.diff import diff_upper, signature, upper_dir_of
+from rollbox.rollouts.outputs import Timing
 from rollbox.rollouts.tasks import Task, task_tar
-from rollbox.rollouts.verifier import REWARD_DIR, REWARD_JSON, REWARD_TXT, parse_reward
-from rollbox.rollouts.verifier_exec import (
-    VerifierRun,
-    is_unsupported,
-    isolated_request,
-    protected,
-    run_unisolated,
-    suspicious,
-)
+from rollbox.rollouts.verify_phase import VerifyPhase, _Fail
 from rollbox.sandbox import AsyncSandbox, create_handle
 from rollbox.store.blobs import BlobStore
 from rollbox.store.metadata import MetaStore
 
 T = TypeVar("T")
 
-TESTS_DIR = "/tests"
-DEADLINE_GRACE_S = 15.0
-"""A private verifier exec ends at the in-sandbox agent's deadline (files kept); the exec
-timeout, this much later, is only the backstop."""
-AGENT_LOG_DIR = "/logs/agent"
-"""Harbor's agent log directory: collected when the agent made it."""
-SMALL_BLOB = 64 << 10
-"""Downloaded files up to this size are read whole and deduplicated in memory."""
 TTL_MARGIN_S = 600.0
 """Sandboxes outlive a rollout's time budget by this much at most, even if rollbox dies."""
 
@@ -116,26 +90,13 @@ class RolloutPlan:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class _Fail(Exception):
-    """Ends a rollout early with a status and a blamed party."""
+class RolloutRunner(VerifyPhase):
+    """Runs rollouts of one run; shared by its concurrent rollouts.
 
-    def __init__(self, status: RolloutStatus, kind: ErrorKind, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
-        self.message = message
-
-
-@dataclass
-class Timing:
-    """Seconds spent inside sandbox operations (backend + sandboxed commands), per rollout;
-    the rest of a rollout's wall time is rollbox's own (the benchmark reports both)."""
-
-    backend_s: float = 0.0
-
-
-class RolloutRunner:
-    """Runs rollouts of one run; shared by its concurrent rollouts."""
+    The verify phase and the blob storage / collect phase are its bases
+    (:class:`~rollbox.rollouts.verify_phase.VerifyPhase`,
+    :class:`~rollbox.rollouts.outputs.RolloutOutputs`).
+    """
 
     def __init__(
         self,
@@ -174,15 +135,6 @@ class RolloutRunner:
             ref = self.blobs.ref("task.tar", task_tar(task.path))
             self._task_blobs[task.digest] = ref
         return ref
-
-    def _ref(self, name: str, data: bytes, *, truncated: bool = False) -> BlobRef:
-        """Store a small blob; skip the write when this process already stored that content
-        (empty logs, identical outputs repeat across thousands of rollouts)."""
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        if digest not in self._stored:
-            self.blobs.put(data)
-            self._stored.add(digest)
-        return BlobRef(name=name, digest=digest, size=len(data), truncated=truncated)
 
     def lineage(self, digest: str) -> list[str]:
         """``digest`` and its parents (self first)."""
@@ -300,12 +252,6 @@ class RolloutRunner:
 
             info = self._infos[digest] = BaselineStore(self.home).resolve(digest)
         return info
-
-    def _time(self, rec: RolloutRecord) -> Timing:
-        t = self.timing.get(rec.id)
-        if t is None:
-            t = self.timing[rec.id] = Timing()
-        return t
 
     async def _db(self, fn: Callable[[], T]) -> T:
         """Run a store call on the runner's own DB thread: SQLite writes are serialised anyway,
@@ -512,198 +458,3 @@ class RolloutRunner:
         if outcome.error:
             rec.error = outcome.error
             rec.error_kind = "agent"
-
-    async def _verify(self, rec: RolloutRecord, sbx: AsyncSandbox, task: Task) -> None:
-        timing = self._time(rec)
-        mode = task.verifier.environment_mode
-        rec.suspicious_changes = suspicious(rec.fs_diff)
-        t0 = time.perf_counter()
-        outcome = VerifierOutcome(mode=mode)
-        cmd = ["bash", "-c", f"mkdir -p {REWARD_DIR} && exec bash {TESTS_DIR}/test.sh"]
-        opts: dict[str, Any] = {
-            "cwd": task.environment.workdir,
-            "env": dict(task.verifier.env),
-            "timeout": task.verifier.timeout_sec,
-        }
-        stop = task.rollbox.stop_agent_before_verify and mode == "shared"
-        run: VerifierRun | None = None
-        iso: IsolatedExec | None = None
-        timed_out = f"verifier timed out after {task.verifier.timeout_sec:g}s"
-        started = time.perf_counter()
-        try:
-            if protected():
-                try:
-                    iso = isolated_request(task.tests_dir, stop_agent=stop)
-                except InvalidInputError as exc:
-                    raise _Fail("failed", "task", f"task {task.name}: {exc.one_line()}") from None
-                iso.timeout_s = task.verifier.timeout_sec
-                run = await self._verifier_exec(rec, sbx, task, iso, cmd, opts, stop=stop)
-                r = run.result
-                if run.isolation == "private" and iso.timed_out:
-                    outcome.error = timed_out
-            else:  # test-only: the unprotected path, to show the guard is what stops forgeries
-                await sbx.files.upload(task.tests_dir, TESTS_DIR)
-                started = time.perf_counter()
-                r = await sbx.exec(cmd, **opts)
-            outcome.exit_code = r.exit_code
-            rec.exit_codes = {**rec.exit_codes, "verifier": r.exit_code}
-            out, err, cut = r.stdout, r.stderr, r.truncated
-        except ExecTimeoutError as exc:
-            out, err, cut = exc.stdout, exc.stderr, False
-            outcome.error = timed_out
-        outcome.duration_s = time.perf_counter() - started
-        outcome.stdout = self._ref("verifier.stdout", out.encode(), truncated=cut)
-        outcome.stderr = self._ref("verifier.stderr", err.encode(), truncated=cut)
-        if run is not None and run.tampered and outcome.error is None:
-            outcome.error = run.tampered
-        # /logs/verifier comes out once: kept as artifacts (also after a timeout: the private
-        # exec's own deadline still returns them), and the reward is read from it.
-        private = rec.extra.get("verifier_isolation") == "private"
-        if iso is not None and private:
-            logs = iso.collected
-            refs = [self._ref(f"{REWARD_DIR}/{k}", v) for k, v in sorted(logs.items())]
-            rec.artifacts = [*rec.artifacts, *refs]
-            txt, js = logs.get("reward.txt"), logs.get("reward.json")
-        else:
-            txt, js = await self._verifier_logs(rec, sbx)
-        if outcome.error is None:
-            try:
-                reward = parse_reward(txt, js)
-            except VerifierError as exc:
-                tail = f"; test.sh exited {outcome.exit_code}" if outcome.exit_code else ""
-                outcome.error = exc.one_line() + tail
-            else:
-                outcome.reward = reward.reward
-                outcome.rewards = reward.rewards
-                threshold = task.rollbox.pass_threshold
-                outcome.passed = (
-                    reward.reward > 0 if threshold is None else reward.reward >= threshold
-                )
-        timing.backend_s += time.perf_counter() - t0
-        rec.verifier = outcome
-
-    async def _verifier_exec(
-        self,
-        rec: RolloutRecord,
-        sbx: AsyncSandbox,
-        task: Task,
-        iso: IsolatedExec,
-        cmd: list[str],
-        opts: dict[str, Any],
-        *,
-        stop: bool,
-    ) -> VerifierRun:
-        """Run the verifier in its own mount namespace (``/tests``, ``/logs/verifier``
-        private; the agent's own deadline, with the exec timeout as a backstop); where the
-        backend cannot, the weaker path with its tamper checks. ``verifier_isolation`` is
-        recorded before the command runs (a timeout raises out of here)."""
-        scratch = self.home.tmp / f"verifier-tests-{rec.id}"
-        private_opts = {**opts, "timeout": task.verifier.timeout_sec + DEADLINE_GRACE_S}
-        try:
-            rec.extra = {**rec.extra, "verifier_isolation": "private"}
-            r = await sbx.exec(cmd, isolate=iso, **private_opts)
-            return VerifierRun(r, iso.collected, "private")
-        except CapabilityError as exc:
-            if not is_unsupported(exc):
-                raise
-        rec.extra = {**rec.extra, "verifier_isolation": "none"}
-        return await run_unisolated(sbx, task.tests_dir, cmd, opts, stop=stop, scratch=scratch)
-
-    async def _verifier_logs(
-        self, rec: RolloutRecord, sbx: AsyncSandbox
-    ) -> tuple[bytes | None, bytes | None]:
-        """Download ``/logs/verifier`` into the blob store (as artifacts); return the contents
-        of ``reward.txt`` and ``reward.json`` (None: absent)."""
-        scratch = self.home.tmp / f"verifier-{rec.id}"
-        dest = scratch / "logs"
-        scratch.mkdir(parents=True, exist_ok=True)
-        try:
-            try:
-                await sbx.files.download(REWARD_DIR, dest)
-            except BackendError:
-                raise
-            except (RollboxError, OSError):
-                return None, None
-            rec.artifacts = [*rec.artifacts, *self._store_tree(REWARD_DIR, dest)]
-            found: list[bytes | None] = []
-            for path in (REWARD_TXT, REWARD_JSON):
-                local = dest / Path(path).name
-                if local.is_symlink():  # resolve it inside the sandbox, never on the host
-                    found.append(await self._read_optional(sbx, path))
-                elif local.is_file():
-                    found.append(local.read_bytes())
-                else:
-                    found.append(None)
-            return found[0], found[1]
-        finally:
-            shutil.rmtree(scratch, True)
-
-    @staticmethod
-    async def _read_optional(sbx: AsyncSandbox, path: str) -> bytes | None:
-        try:
-            return await sbx.files.read(path)
-        except BackendError:
-            raise
-        except (RollboxError, OSError):
-            return None
-
-    async def _collect(self, rec: RolloutRecord, sbx: AsyncSandbox, task: Task) -> None:
-        timing = self._time(rec)
-        scratch = self.home.tmp / f"collect-{rec.id}"
-        refs: list[BlobRef] = list(rec.artifacts)  # /logs/verifier, stored by _verify
-        missing: list[str] = []
-        t0 = time.perf_counter()
-        try:
-            for i, src in enumerate([*task.artifacts, AGENT_LOG_DIR]):
-                dest = scratch / str(i)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    await sbx.files.download(src, dest)
-                except BackendError:
-                    raise
-                except (RollboxError, OSError) as exc:
-                    if src != AGENT_LOG_DIR:
-                        missing.append(f"{src}: {exc}")
-                    continue
-                if src == AGENT_LOG_DIR:
-                    refs += self._store_tree(src, dest)  # usually a few small files: inline
-                else:
-                    refs += await asyncio.to_thread(self._store_tree, src, dest)
-        finally:
-            if task.artifacts:
-                await asyncio.to_thread(shutil.rmtree, scratch, True)
-            else:
-                shutil.rmtree(scratch, True)
-            timing.backend_s += time.perf_counter() - t0
-        rec.artifacts = refs
-        if missing:
-            rec.extra = {**rec.extra, "missing_artifacts": missing}
-
-    def _store_file(self, name: str, path: Path) -> BlobRef:
-        """Store one downloaded file: small ones through :meth:`_ref` (a reward file or log
-        repeated across rollouts is written once), big ones streamed."""
-        if path.stat().st_size <= SMALL_BLOB:
-            return self._ref(name, path.read_bytes())
-        return self.blobs.ref_file(name, path)
-
-    def _store_tree(self, src: str, dest: Path) -> list[BlobRef]:
-        if dest.is_symlink() or dest.is_file():
-            return [self._store_file(src, dest)] if dest.is_file() else []
-        out: list[BlobRef] = []
-        for dirpath, dirnames, filenames in os.walk(dest):
-            dirnames.sort()
-            for name in sorted(filenames):
-                full = Path(dirpath) / name
-                if full.is_symlink() or not full.is_file():
-                    continue
-                rel = full.relative_to(dest).as_posix()
-                out.append(self._store_file(f"{src.rstrip('/')}/{rel}", full))
-        return out
-
-
-def fs_summary(changes: list[FsChange]) -> dict[str, int]:
-    """Counts of added/modified/deleted paths."""
-    out = {"added": 0, "modified": 0, "deleted": 0}
-    for c in changes:
-        out[c.kind] += 1
-    return out
