@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from rollbox.backends.microvm import MicroVMBackend, MicroVMSandbox
-from rollbox.backends.microvm.backend import assets_home
+from rollbox.backends.microvm.defaults import assets_home
 from rollbox.config import Home
 from rollbox.models import BaselineInfo, Limits, SandboxSpec
 

@@ -11,8 +11,7 @@ import pytest
 
 from rollbox.backends.common.testnet import CLIENT, netns_server
 from rollbox.backends.conformance import scoped_diff
-from rollbox.backends.microvm import MicroVMBackend
-from rollbox.backends.microvm.backend import MicroVMSandbox
+from rollbox.backends.microvm import MicroVMBackend, MicroVMSandbox
 from rollbox.config import Home
 from rollbox.hoststate import HostState
 from rollbox.models import BaselineInfo, HostPort, Limits, NetworkPolicy, SandboxSpec

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rollbox.backends.microvm import MicroVMBackend, probe
-from rollbox.backends.microvm.backend import assets_home
+from rollbox.backends.microvm.defaults import assets_home
 from rollbox.backends.microvm.initramfs import ensure_initramfs
 from rollbox.backends.microvm.kernel import ensure_kernel
 from rollbox.config import Home

@@ -139,7 +139,7 @@ def _fake_microvm_state(home: Home, baseline: BaselineInfo) -> SandboxInfo:
 def test_microvm_destroy_reports_network_cgroup_and_dir_failures(
     sbx_home: Home, dev_baseline: BaselineInfo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from rollbox.backends.microvm import backend as mvm
+    from rollbox.backends.microvm import lifecycle as mvm
 
     def broken_net(_info: SandboxInfo) -> bool:
         raise BackendError("veth rtest0 is busy (deliberately broken)")

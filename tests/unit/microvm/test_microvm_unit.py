@@ -10,9 +10,9 @@ import pytest
 
 from rollbox.backends.microvm import MicroVMBackend
 from rollbox.backends.microvm import snapshot as snaps
-from rollbox.backends.microvm.backend import normalize
 from rollbox.backends.microvm.guest_agent import T_DATA, T_JSON, Parser, frame, jframe
 from rollbox.backends.microvm.initramfs import _cpio
+from rollbox.backends.microvm.sandbox_base import normalize
 from rollbox.config import Home
 from rollbox.errors import (
     CorruptionError,
