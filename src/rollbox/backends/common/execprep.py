@@ -79,6 +79,16 @@ def is_root(user: str) -> bool:
     return user in ROOT_NAMES
 
 
+def user_files(info: SandboxInfo, user: str | None) -> tuple[str, ...]:
+    """The sandbox files :func:`prepare_exec` needs to resolve ``user``: none for root,
+    ``/etc/passwd``, and ``/etc/group`` for a group given by name."""
+    who = effective_user(info, user)
+    if is_root(who):
+        return ()
+    grp = who.partition(":")[2]
+    return ("/etc/passwd", "/etc/group") if grp and not grp.isdigit() else ("/etc/passwd",)
+
+
 def resolve_user(user: str, passwd: str | None, group: str | None = None) -> ResolvedUser:
     """Resolve ``user`` (``name``/``uid`` with an optional ``:group``) like ``docker exec -u``.
 
@@ -248,4 +258,5 @@ __all__ = [
     "map_exec_error",
     "prepare_exec",
     "resolve_user",
+    "user_files",
 ]

@@ -15,18 +15,25 @@ from typing import Any
 from rollbox.backends.agent.protocol import decode_collected
 from rollbox.backends.base import (
     OutputCallback,
-    command_argv,
+)
+from rollbox.backends.common.capture import StreamCapture
+from rollbox.backends.common.execprep import (
+    PreparedExec,
+    map_exec_error,
+    prepare_exec,
+    user_files,
 )
 from rollbox.backends.common.reasons import is_full, tracked
 from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.microvm import qemu
 from rollbox.backends.microvm.guest_agent import T_DATA, T_EOF, T_ERR, T_IN, T_OUT, frame, jframe
-from rollbox.backends.microvm.sandbox_base import _raise_agent_error, _xlist, normalize
+from rollbox.backends.microvm.sandbox_base import _raise_agent_error
 from rollbox.backends.microvm.sandbox_snapshots import VMSandboxSnapshots
 from rollbox.errors import (
     BackendError,
     CapabilityError,
     ExecTimeoutError,
+    RollboxError,
 )
 from rollbox.models import (
     ExecResult,
@@ -36,18 +43,15 @@ from rollbox.models import (
 class MicroVMSandbox(VMSandboxSnapshots):
     """One microVM sandbox."""
 
-    def _env(self, env: dict[str, str] | None, secrets: dict[str, str] | None) -> dict[str, str]:
-        out: dict[str, str] = {
-            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        }
-        for item in _xlist(self._info, "image_env"):
-            k, _, v = item.partition("=")
-            out[k] = v
-        out["HOSTNAME"] = self._info.spec.hostname
-        out.update(self._info.spec.env)
-        out.update(env or {})
-        out.update(secrets or {})
-        return out
+    async def _prepare(self, cmd: list[str] | str, **kw: Any) -> PreparedExec:
+        """The exec checked and resolved by the shared helper; /etc/passwd (and /etc/group
+        for a group name) is read from the guest only for a user other than root."""
+        texts: dict[str, str] = {}
+        for path in user_files(self._info, kw.get("user")):
+            with contextlib.suppress(RollboxError, OSError):
+                texts[path] = (await self.read_file(path)).decode(errors="replace")
+        passwd, group = texts.get("/etc/passwd"), texts.get("/etc/group")
+        return prepare_exec(self._info, cmd, passwd=passwd, group=group, **kw)
 
     @tracked
     async def exec(
@@ -65,16 +69,17 @@ class MicroVMSandbox(VMSandboxSnapshots):
         isolate: IsolatedExec | None = None,
     ) -> ExecResult:
         self._usable()
-        argv = command_argv(cmd)
-        spec = self._info.spec
-        limits = spec.limits
-        workdir = cwd or spec.workdir or str(self._info.extra.get("image_workdir") or "/")
+        prep = await self._prepare(
+            cmd, cwd=cwd, env=env, secrets=secrets, stdin=stdin, timeout=timeout, user=user
+        )
+        limits = self._info.spec.limits
         req = {
             "op": "exec",
-            "argv": argv,
-            "env": self._env(env, secrets),
-            "cwd": normalize(workdir),
-            "user": user or spec.user or str(self._info.extra.get("image_user") or "root"),
+            "argv": prep.argv,
+            "env": prep.env,
+            "cwd": prep.cwd,
+            # the guest agent switches to it itself (supplementary groups from its /etc/group)
+            "user": prep.user.spec or "root",
             "timeout": timeout,
             "nofile": limits.nofile,
             "output_bytes": limits.output_bytes,
@@ -88,9 +93,7 @@ class MicroVMSandbox(VMSandboxSnapshots):
                 req["timeout"] = isolate.timeout_s
         # the same capture as the namespace backend: capped, secrets masked even when a
         # secret is split across two streamed chunks
-        from rollbox.backends.namespace.capture import StreamCapture
-
-        masks = [v for v in (secrets or {}).values() if v]
+        masks = prep.secret_values
         caps = {
             T_OUT: StreamCapture(limits.output_bytes, masks, on_stdout),
             T_ERR: StreamCapture(limits.output_bytes, masks, on_stderr),
@@ -129,7 +132,13 @@ class MicroVMSandbox(VMSandboxSnapshots):
                 raise
         duration = time.monotonic() - t0
         if "error" in reply:
-            _raise_agent_error(reply["error"])
+            e = reply["error"]
+            failure = map_exec_error(
+                e.get("type"), str(e.get("message", "")), sandbox_id=self.id, prepared=prep
+            )
+            if failure is not None:
+                raise failure
+            _raise_agent_error(e)
         stdout, stderr = caps[T_OUT].finish(), caps[T_ERR].finish()
         # the guest agent reports the exec's cgroup events and the root's free space
         disk_full = limits.disk_mb is not None and is_full(

@@ -17,10 +17,9 @@ from rollbox.backends.common.copylinks import LinkPolicy
 from rollbox.backends.common.execprep import (
     PreparedExec,
     base_env,
-    effective_user,
-    is_root,
     map_exec_error,
     prepare_exec,
+    user_files,
 )
 from rollbox.backends.common.reasons import dir_full, pids_max_hits, tracked
 from rollbox.backends.common.rootfs import Rootfs
@@ -121,14 +120,11 @@ class NamespaceSandbox(SandboxHandle):
     def _prepare(self, cmd: list[str] | str, **kw: Any) -> PreparedExec:
         """The exec checked and resolved by the shared helper (/etc/passwd read from the
         host side, only for a user other than root)."""
-        user = effective_user(self.info, kw.get("user"))
-        passwd = group = None
-        if not is_root(user):
+        texts: dict[str, str] = {}
+        for path in user_files(self.info, kw.get("user")):
             with contextlib.suppress(RollboxError, OSError):
-                passwd = self.files.read("/etc/passwd").decode(errors="replace")
-            if not user.partition(":")[2].isdigit():
-                with contextlib.suppress(RollboxError, OSError):
-                    group = self.files.read("/etc/group").decode(errors="replace")
+                texts[path] = self.files.read(path).decode(errors="replace")
+        passwd, group = texts.get("/etc/passwd"), texts.get("/etc/group")
         return prepare_exec(self.info, cmd, passwd=passwd, group=group, **kw)
 
     def _resolve_user(self, user: str | None) -> tuple[int | None, int, str]:
