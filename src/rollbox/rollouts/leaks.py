@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rollbox.backends.common import network
 from rollbox.config import Home
 from rollbox.hoststate import HostState
 
@@ -12,10 +13,6 @@ def _marks(home: Home, ids: set[str]) -> list[str]:
     """Strings that name host resources of these sandboxes: their ids (mounts, cgroups,
     sandbox dirs, runtime command lines) and their network names (netns, veth, chain)."""
     marks = list(ids)
-    try:
-        from rollbox.backends.common import network
-    except ImportError:
-        return marks
     for sid in ids:
         marks += [
             network.netns_name(home.tag, sid),

@@ -23,8 +23,8 @@ from rollbox.errors import RollboxError, TaskError
 from rollbox.ids import new_id
 from rollbox.models import Model, RolloutRecord, RunRecord, utcnow
 from rollbox.rollouts.agents import parse_agent
+from rollbox.rollouts.run_options import RunEvents, executor_for
 from rollbox.rollouts.runner import RolloutPlan, RolloutRunner
-from rollbox.rollouts.runs import RunEvents, executor_for
 from rollbox.rollouts.scheduler import run_pool
 from rollbox.rollouts.tasks import load_task
 from rollbox.store.blobs import BlobStore
