@@ -11,6 +11,13 @@ Identity of a baseline is its manifest digest. Under ``$ROLLBOX_HOME``:
 * ``locks/baselines.lock`` — held while the store is mutated (commit, tag, rm, gc);
 * ``tmp/bl-*`` — staging; everything is built there and renamed into place, so a killed
   process leaves nothing partial, and stale staging dirs are removed on the next write.
+
+Why ~600 lines in one module: it is one class, the only writer of the layout above; reading,
+committing, naming and removal share its private index/meta helpers and its lock discipline,
+and splitting them would spread that discipline over files. What is not the layout lives
+elsewhere: builders in ``builders/`` (through :class:`~rollbox.baselines.writer.StoreWriter`),
+layers in ``layers.py``, references in ``refs.py``, locks and staging in ``locks.py``,
+garbage collection in ``gc.py``, verification in ``verify.py``.
 """
 
 from __future__ import annotations
