@@ -147,7 +147,7 @@ def test_microvm_destroy_reports_network_cgroup_and_dir_failures(
     def broken_cgroup(_home: Home, _sid: str) -> bool:
         raise OSError(16, "Device or resource busy (deliberately broken)")
 
-    monkeypatch.setattr(mvm, "_teardown_vm_network", broken_net)
+    monkeypatch.setattr(mvm, "teardown_vm_network", broken_net)
     monkeypatch.setattr(mvm, "_drop_host_cgroup", broken_cgroup)
     be = get_backend("microvm", sbx_home)
     info = _fake_microvm_state(sbx_home, dev_baseline)

@@ -25,7 +25,7 @@ from rollbox.backends.microvm import snapshot as snaps
 from rollbox.backends.microvm.defaults import MIN_DISK_MB, MIN_MEMORY_MB, assets_home
 from rollbox.backends.microvm.initramfs import ensure_initramfs
 from rollbox.backends.microvm.kernel import GuestKernel, ensure_kernel
-from rollbox.backends.microvm.sandbox_base import _xlist
+from rollbox.backends.microvm.sandbox_base import extra_list
 from rollbox.backends.state import (
     list_states,
     owner_fields,
@@ -175,7 +175,7 @@ class VMBackendBase(Backend, MemorySnapshots):
         users = [
             i.id
             for i in list_states(self.home, self.name)
-            if snap_id in _xlist(i, "snapshot_chain")
+            if snap_id in extra_list(i, "snapshot_chain")
         ]
         users += [r.id for r in snaps.all_snapshots(self.home) if snap_id in r.chain]
         if users:

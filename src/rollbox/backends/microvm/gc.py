@@ -11,7 +11,7 @@ import shutil
 
 from rollbox.backends.microvm import qemu
 from rollbox.backends.microvm import snapshot as snaps
-from rollbox.backends.microvm.sandbox_base import _xlist
+from rollbox.backends.microvm.sandbox_base import extra_list
 from rollbox.backends.microvm.templates import VMTemplates
 from rollbox.backends.state import (
     expired,
@@ -31,7 +31,7 @@ class VMGarbageCollector(VMTemplates):
         """Ephemeral (fork) snapshots that no sandbox and no other snapshot uses."""
         used: set[str] = set()
         for info in list_states(self.home, self.name):
-            used.update(_xlist(info, "snapshot_chain"))
+            used.update(extra_list(info, "snapshot_chain"))
         records = snaps.all_snapshots(self.home)
         for rec in records:
             used.update(rec.chain)

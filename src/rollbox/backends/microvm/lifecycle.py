@@ -31,7 +31,7 @@ from rollbox.backends.microvm.defaults import (
     assets_home,
 )
 from rollbox.backends.microvm.gc import VMGarbageCollector
-from rollbox.backends.microvm.net import _teardown_vm_network, _vm_network
+from rollbox.backends.microvm.net import setup_vm_network, teardown_vm_network
 from rollbox.backends.microvm.sandbox import MicroVMSandbox
 from rollbox.backends.namespace.teardown import why_not_removed
 from rollbox.backends.state import (
@@ -156,7 +156,7 @@ class VMLifecycle(VMGarbageCollector):
         handle = MicroVMSandbox(self, info)
         try:
             if nic:
-                net = await asyncio.to_thread(_vm_network, self.home, sid, spec)
+                net = await asyncio.to_thread(setup_vm_network, self.home, sid, spec)
                 info.extra["net"] = net
                 vm.netns = net["netns"]
                 info.extra["vm"] = vm.to_json()
@@ -228,6 +228,7 @@ class VMLifecycle(VMGarbageCollector):
         vm.run_dir = str(rdir)
         vm.console_log = str(d / "console.log")
         vm.mem_file = str(sdir / "ram.img") if snap.layout == "split" else ""
+        vm.tb_mb = self.vm_config.tb_mb  # host-side only: this backend's config, not the source's
         info.accelerator = vm.accel
         info.extra.update(
             run_dir=str(rdir),
@@ -255,7 +256,7 @@ class VMLifecycle(VMGarbageCollector):
         handle = MicroVMSandbox(self, info)
         try:
             if vm.nic:  # the snapshot's VM had a NIC: this branch gets its own network
-                net = await asyncio.to_thread(_vm_network, self.home, sid, spec)
+                net = await asyncio.to_thread(setup_vm_network, self.home, sid, spec)
                 info.extra["net"] = net
                 vm.netns = net["netns"]
                 info.extra["vm"] = vm.to_json()
@@ -410,7 +411,7 @@ class VMLifecycle(VMGarbageCollector):
                 qemu.kill(pid_, name)
                 removed.append(f"process {pid_} ({name})")
         try:
-            if info is not None and _teardown_vm_network(info):
+            if info is not None and teardown_vm_network(info):
                 removed.append(f"network of {sandbox_id}")
         except (BackendError, OSError, KeyError, ValueError) as exc:  # incl. a bad record
             errors.append(f"network: {type(exc).__name__}: {exc}")

@@ -23,7 +23,7 @@ from rollbox.models import (
 ROUTER_MAC = "02:72:62:78:00:01"  # locally administered
 
 
-def _vm_network(home: Home, sandbox_id: str, spec: SandboxSpec) -> dict[str, str]:
+def setup_vm_network(home: Home, sandbox_id: str, spec: SandboxSpec) -> dict[str, str]:
     """For an ``allow`` sandbox: the same netns, veth pair and host firewall rules as a
     ``namespace`` sandbox gets, plus a tap device in that netns for QEMU's NIC, routed and
     masqueraded out of the netns's veth — so the host's allow-list rules see the VM's
@@ -64,7 +64,7 @@ def _vm_network(home: Home, sandbox_id: str, spec: SandboxSpec) -> dict[str, str
     return net.to_dict()
 
 
-def _teardown_vm_network(info: SandboxInfo) -> bool:
+def teardown_vm_network(info: SandboxInfo) -> bool:
     net = info.extra.get("net")
     if not isinstance(net, dict):
         return False

@@ -27,7 +27,7 @@ from rollbox.backends.common.reasons import is_full, tracked
 from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.microvm import qemu
 from rollbox.backends.microvm.guest_agent import T_DATA, T_EOF, T_ERR, T_IN, T_OUT, frame, jframe
-from rollbox.backends.microvm.sandbox_base import _raise_agent_error
+from rollbox.backends.microvm.sandbox_base import raise_agent_error
 from rollbox.backends.microvm.sandbox_snapshots import VMSandboxSnapshots
 from rollbox.errors import (
     BackendError,
@@ -138,7 +138,7 @@ class MicroVMSandbox(VMSandboxSnapshots):
             )
             if failure is not None:
                 raise failure
-            _raise_agent_error(e)
+            raise_agent_error(e)
         stdout, stderr = caps[T_OUT].finish(), caps[T_ERR].finish()
         # the guest agent reports the exec's cgroup events and the root's free space
         disk_full = limits.disk_mb is not None and is_full(

@@ -55,17 +55,17 @@ def normalize(path: str) -> str:
     return "/" + root_relative(path)
 
 
-def _xlist(info: SandboxInfo, key: str) -> list[str]:
+def extra_list(info: SandboxInfo, key: str) -> list[str]:
     value = info.extra.get(key)
     return [str(x) for x in value] if isinstance(value, list) else []
 
 
-def _xint(info: SandboxInfo, key: str, default: int) -> int:
+def extra_int(info: SandboxInfo, key: str, default: int) -> int:
     value = info.extra.get(key)
     return value if isinstance(value, int) else default
 
 
-def _raise_agent_error(err: dict[str, Any], path: str = "") -> None:
+def raise_agent_error(err: dict[str, Any], path: str = "") -> None:
     kind = err.get("type")
     msg = err.get("message", "")
     if kind == "escape":

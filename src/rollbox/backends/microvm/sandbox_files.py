@@ -1,7 +1,7 @@
 """File operations of a microVM sandbox: read/write, upload, download.
 
 The contract is :mod:`~rollbox.backends.common.copylinks`'s. Single files travel through the
-C guest agent; trees as tar, extracted on the host by :func:`_safe_extract` (the guest is not
+C guest agent; trees as tar, extracted on the host by :func:`safe_extract` (the guest is not
 trusted).
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from rollbox.backends.common.copylinks import LinkPolicy, in_tree_text, resolve_lexically
 from rollbox.backends.microvm.guest_agent import T_DATA, jframe
-from rollbox.backends.microvm.sandbox_base import VMSandboxBase, _raise_agent_error, normalize
+from rollbox.backends.microvm.sandbox_base import VMSandboxBase, normalize, raise_agent_error
 from rollbox.errors import (
     BackendError,
     InvalidInputError,
@@ -29,7 +29,7 @@ from rollbox.errors import (
 )
 
 
-def _safe_extract(f: Any, dest: Path) -> None:
+def safe_extract(f: Any, dest: Path) -> None:
     """Extract a tar produced by the (untrusted) guest: no absolute paths, no ``..``, no
     links leaving ``dest``, no device nodes; modes and owners kept."""
 
@@ -57,7 +57,7 @@ class VMSandboxFiles(VMSandboxBase):
 
             reply = await ch.reply(rid, on_frame)
         if "error" in reply:
-            _raise_agent_error(reply["error"], path)
+            raise_agent_error(reply["error"], path)
 
     async def _push(self, req: dict[str, Any], data: bytes, path: str) -> None:
         async with self._session() as ch:
@@ -66,7 +66,7 @@ class VMSandboxFiles(VMSandboxBase):
             await ch.send_data(rid, data)
             reply = await ch.reply(rid)
         if "error" in reply:
-            _raise_agent_error(reply["error"], path)
+            raise_agent_error(reply["error"], path)
 
     async def read_file(self, path: str) -> bytes:
         p = normalize(path)
@@ -113,7 +113,7 @@ class VMSandboxFiles(VMSandboxBase):
         async with self._session() as ch:
             st = await ch.call("stat", path=p)  # lstat in the guest: C, no helper process
         if "error" in st:
-            _raise_agent_error(st["error"], p)
+            raise_agent_error(st["error"], p)
         if not st.get("exists"):
             raise SandboxFileNotFoundError(f"no such file in the sandbox: {p}")
         if st.get("link"):  # follow it inside the sandbox (the guest's own root)
@@ -143,7 +143,7 @@ class VMSandboxFiles(VMSandboxBase):
             await self._fetch("get_tar", p, f.write)
             f.seek(0)
             with tempfile.TemporaryDirectory(dir=self.home.tmp) as stage:
-                _safe_extract(f, Path(stage))
+                safe_extract(f, Path(stage))
                 entries = os.listdir(stage)
                 if len(entries) != 1:
                     raise BackendError(f"download of {p}: unexpected archive from the guest")

@@ -22,8 +22,8 @@ from rollbox.backends.base import (
 from rollbox.backends.microvm import disk, memfile, qemu
 from rollbox.backends.microvm import snapshot as snaps
 from rollbox.backends.microvm.defaults import DEFAULT_DISK_MB, SPLIT_MEMORY
-from rollbox.backends.microvm.sandbox_base import _xint, _xlist
-from rollbox.backends.microvm.sandbox_files import VMSandboxFiles, _safe_extract
+from rollbox.backends.microvm.sandbox_base import extra_int, extra_list
+from rollbox.backends.microvm.sandbox_files import VMSandboxFiles, safe_extract
 from rollbox.errors import (
     BackendError,
     InvalidInputError,
@@ -57,7 +57,7 @@ class VMSandboxSnapshots(VMSandboxFiles):
             with tempfile.TemporaryDirectory(dir=self.home.tmp, prefix="vmsnap-") as stage:
                 upper = Path(stage) / "upper"
                 upper.mkdir()
-                await asyncio.to_thread(_safe_extract, f, upper)
+                await asyncio.to_thread(safe_extract, f, upper)
                 await asyncio.to_thread(convert_oci_whiteouts, upper)
                 store = BaselineStore(self.home)
                 info = await asyncio.to_thread(
@@ -87,7 +87,7 @@ class VMSandboxSnapshots(VMSandboxFiles):
         sdir = template_dir or snaps.snap_dir(self.home, snap_id)
         sdir.mkdir(parents=True, exist_ok=template_dir is not None)
         vm = self.vm
-        index = _xint(self._info, "disk_index", 0)
+        index = extra_int(self._info, "disk_index", 0)
         new_disk = self.dir / f"disk-{index + 1}.qcow2"
         mem = sdir / "memory.bin"
         # a boot snapshot's disk gets a unique name: a rebuilt one must never take the path
@@ -137,7 +137,7 @@ class VMSandboxSnapshots(VMSandboxFiles):
             self._save()
             with contextlib.suppress(OSError):
                 os.unlink(old_disk)  # the snapshot dir holds the other link
-            chain = _xlist(self._info, "snapshot_chain")
+            chain = extra_list(self._info, "snapshot_chain")
             record = snaps.MemorySnapshot(
                 id=snap_id,
                 source=self.id,
@@ -211,7 +211,7 @@ class VMSandboxSnapshots(VMSandboxFiles):
             self._save()
 
     def _disk_mb(self) -> int:
-        return _xint(self._info, "disk_mb", DEFAULT_DISK_MB)
+        return extra_int(self._info, "disk_mb", DEFAULT_DISK_MB)
 
     async def fork(self, n: int) -> list[SandboxHandle]:
         if n < 1:
