@@ -655,6 +655,8 @@ async def exec_environment(t: Harness) -> None:
             await h.exec("true", timeout=bad)
         except InvalidInputError:
             continue
+        except RollboxError as exc:  # e.g. run, then "timed out after 0s"
+            raise AssertionError(f"timeout={bad} was accepted: {exc}") from exc
         raise AssertionError(f"timeout={bad} was accepted")
 
 
