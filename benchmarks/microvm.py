@@ -34,8 +34,6 @@ from typing import Any
 
 from _rootfs import debian_rootfs_tar  # benchmarks/_rootfs.py
 from rollbox.backends.microvm import MicroVMBackend, MicroVMSandbox
-from rollbox.backends.microvm import backend as backend_mod
-from rollbox.backends.microvm import qemu as qemu_mod
 from rollbox.backends.microvm import snapshot as snaps
 from rollbox.backends.microvm.backend import assets_home
 from rollbox.backends.microvm.disk import ensure_base_image
@@ -193,7 +191,7 @@ async def main_async(n: int) -> dict[str, Any]:
     # create -> first exec, alternating with raw boots: cold boots, then boot-snapshot
     # creates (the first of which saves the boot snapshot and is not counted)
     for templates, out in ((False, cold), (True, None), *((True, warm),) * n):
-        backend_mod.TEMPLATES = templates
+        be.reconfigure(be.vm_config.model_copy(update={"boot_snapshots": templates}))
         for _ in range(n if out is cold else 1):
             if out is not None:
                 raw.append(raw_boot(kernel.vmlinuz, raw_initrd, image, accel.accelerator))
@@ -210,10 +208,11 @@ async def main_async(n: int) -> dict[str, Any]:
     await src.exec("echo ready > /tmp/r")
     snap = await src.memory_snapshot()  # split layout (the default)
     assert snap.layout == "split"
-    backend_mod.SPLIT_MEMORY = False  # the same state as one plain migration stream
+    split = be.vm_config
+    be.reconfigure(split.model_copy(update={"split_memory": False}))  # one plain stream
     await src.exec("true")
     snap_stream = await src.memory_snapshot()
-    backend_mod.SPLIT_MEMORY = True
+    be.reconfigure(split)
     assert snap_stream.layout == "stream"
     scratch = Path(tempfile.mkdtemp(prefix="raw-", dir="/run"))
 
@@ -234,7 +233,7 @@ async def main_async(n: int) -> dict[str, Any]:
 
     # guest code speed vs the TCG cache size: the same Python imports twice in a branch
     for tb in (16, 32):
-        qemu_mod.TB_MB = tb
+        be.reconfigure(be.vm_config.model_copy(update={"tb_mb": tb}))  # restores use it
         h = await be.create(spec.model_copy(update={"from_snapshot": snap.id}), base)
         for i in range(2):
             t0 = time.monotonic()
@@ -242,7 +241,7 @@ async def main_async(n: int) -> dict[str, Any]:
             workload[f"tb{tb}_run{i + 1}_s"] = time.monotonic() - t0
         workload[f"tb{tb}_pss_mib"] = overhead_mib(h.pid or 0, h.vm.memory_mb, "Pss")
         await h.destroy()
-    qemu_mod.TB_MB = TB_MB
+    be.reconfigure(be.vm_config.model_copy(update={"tb_mb": TB_MB}))
     for _ in range(max(1, n // 2)):
         t0 = time.monotonic()
         made = await be.restore_many(snap, 4, spec)

@@ -272,6 +272,18 @@ class Backend(abc.ABC):
             self._resolved = config_for(self.name, self._config)
         return self._resolved
 
+    def reconfigure(self, config: BackendConfig) -> None:
+        """Replace this instance's tuning for the sandboxes it creates from now on (the
+        environment overrides still apply).
+
+        Raises:
+            InvalidInputError: ``config`` is for another backend.
+        """
+        from rollbox.backends.config import config_for
+
+        self._resolved = config_for(self.name, config)
+        self._config = config
+
     def require(self, operation: Operation) -> None:
         """Check that this backend offers ``operation`` before using it.
 

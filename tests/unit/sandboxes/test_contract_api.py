@@ -302,3 +302,17 @@ def test_a_declared_backend_that_cannot_load_is_reported_not_skipped(
     problems: list[str] = []
     cleanup(Home(tmp_path / "h"), dry_run=True, problems=problems)
     assert len(problems) == 1 and "ext-gone not loaded" in problems[0], problems
+
+
+def test_reconfigure_replaces_the_tuning_env_still_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ROLLBOX_MICROVM_TB_MB", raising=False)
+    vm = registry.new_backend("microvm", Home(tmp_path))
+    vm.reconfigure(MicroVMConfig(tb_mb=16))
+    assert vm.vm_config.tb_mb == 16  # type: ignore[attr-defined]
+    monkeypatch.setenv("ROLLBOX_MICROVM_TB_MB", "8")
+    vm.reconfigure(MicroVMConfig(tb_mb=16))
+    assert vm.vm_config.tb_mb == 8  # type: ignore[attr-defined]
+    with pytest.raises(InvalidInputError):
+        vm.reconfigure(GVisorConfig())
