@@ -1,4 +1,8 @@
-"""The microVM backend's sizes, limits and switches, and where its derived assets live."""
+"""The microVM backend's sizes and limits, and where its derived assets live.
+
+Its switches (boot timeout, boot snapshots, split memory, ...) are fields of
+:class:`~rollbox.backends.config.MicroVMConfig`, read through ``backend.vm_config``.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,11 @@ from pathlib import Path
 
 from rollbox.config import Home
 
-BOOT_TIMEOUT_S = float(os.environ.get("ROLLBOX_MICROVM_BOOT_TIMEOUT", "120"))
 DEFAULT_DISK_MB = 4096
 GUEST_OVERHEAD_MB = 160  # kernel, page cache and the agent, on top of the memory limit
 MIN_MEMORY_MB = 32
 MIN_DISK_MB = 16
 PIPE_BYTES = 1 << 20  # fs.pipe-max-size default; larger needs CAP_SYS_RESOURCE
-TEMPLATES = os.environ.get("ROLLBOX_MICROVM_BOOT_SNAPSHOTS", "1") != "0"
-"""Create by restoring a boot snapshot of the same baseline and VM shape when one exists
-(the first create of a shape boots cold and saves it)."""
-SPLIT_MEMORY = os.environ.get("ROLLBOX_MICROVM_SPLIT_MEMORY", "1") != "0"
-"""Save memory snapshots as a copy-on-write RAM image + device state (lazy restores)."""
 
 
 def assets_home(home: Home) -> Home:

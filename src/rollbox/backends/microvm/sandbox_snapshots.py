@@ -21,7 +21,7 @@ from rollbox.backends.base import (
 )
 from rollbox.backends.microvm import disk, memfile, qemu
 from rollbox.backends.microvm import snapshot as snaps
-from rollbox.backends.microvm.defaults import DEFAULT_DISK_MB, SPLIT_MEMORY
+from rollbox.backends.microvm.defaults import DEFAULT_DISK_MB
 from rollbox.backends.microvm.sandbox_base import extra_int, extra_list
 from rollbox.backends.microvm.sandbox_files import VMSandboxFiles, safe_extract
 from rollbox.errors import (
@@ -172,7 +172,7 @@ class VMSandboxSnapshots(VMSandboxFiles):
 
     @staticmethod
     def _store_memory(
-        mem: Path, sdir: Path, split: bool = SPLIT_MEMORY
+        mem: Path, sdir: Path, split: bool
     ) -> tuple[str, int, str, memfile.Split | None]:
         """Split the saved stream into RAM image + state (or keep it whole when the
         splitter does not understand it); returns (layout, stream size, stream sha256,
