@@ -250,12 +250,15 @@ class Backend(abc.ABC):
     def __init__(
         self, home: Home, *, detached: bool = False, config: BackendConfig | None = None
     ) -> None:
-        """Args:
-        home: the data home.
-        detached: sandboxes created (and forked) through this instance have no owner
-            process: they outlive it until destroyed or their TTL (CLI ``sandbox create``).
-        config: this backend's tuning (:mod:`rollbox.backends.config`); default: its
-            defaults with the ``ROLLBOX_*`` environment overrides applied.
+        """Make an instance (cheap: tools are checked by :meth:`prepare`).
+
+        Args:
+            home: the data home.
+            detached: sandboxes created (and forked) through this instance have no owner
+                process: they outlive it until destroyed or their TTL (CLI ``sandbox
+                create``).
+            config: this backend's tuning (:mod:`rollbox.backends.config`); default: its
+                defaults with the ``ROLLBOX_*`` environment overrides applied.
         """
         self.home = home
         self.detach = detached
