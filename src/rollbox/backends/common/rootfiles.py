@@ -1,4 +1,5 @@
-"""File access to a sandbox's root from the host without ever leaving that root.
+"""File access to a sandbox's root from the host without ever leaving that root (namespace and
+gVisor sandboxes; moved here from ``backends/namespace/files.py``).
 
 Every sandbox path is normalised lexically (a ``..`` above ``/`` is refused), then opened
 with ``openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`` relative to a descriptor of the

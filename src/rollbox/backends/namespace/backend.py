@@ -32,10 +32,10 @@ from typing import Any, ClassVar
 from rollbox.backends.agent.build import agent_binary
 from rollbox.backends.agent.client import short_unix_path
 from rollbox.backends.base import Backend
+from rollbox.backends.common import teardown
 from rollbox.backends.common.cgroups import Cgroup, remove_orphan_cgroups
 from rollbox.backends.common.rootfs import Rootfs, remove_orphan_mounts, remove_sandbox_dir
 from rollbox.backends.config import BackendConfig
-from rollbox.backends.namespace import teardown
 from rollbox.backends.namespace.launch import (
     BOX,
     CAPS,

@@ -22,10 +22,10 @@ from rollbox.backends.common.execprep import (
     user_files,
 )
 from rollbox.backends.common.reasons import dir_full, pids_max_hits, tracked
+from rollbox.backends.common.rootfiles import RootFiles
 from rollbox.backends.common.rootfs import Rootfs
 from rollbox.backends.isolation import IsolatedExec
 from rollbox.backends.namespace.capture import StreamCapture
-from rollbox.backends.namespace.files import RootFiles
 from rollbox.backends.namespace.launch import BOX
 from rollbox.backends.state import (
     read_state,
