@@ -35,7 +35,7 @@ from typing import Any
 from _rootfs import debian_rootfs_tar  # benchmarks/_rootfs.py
 from rollbox.backends.microvm import MicroVMBackend, MicroVMSandbox
 from rollbox.backends.microvm import snapshot as snaps
-from rollbox.backends.microvm.backend import assets_home
+from rollbox.backends.microvm.defaults import assets_home
 from rollbox.backends.microvm.disk import ensure_base_image
 from rollbox.backends.microvm.initramfs import _build, ensure_initramfs
 from rollbox.backends.microvm.kernel import ensure_kernel
