@@ -151,3 +151,19 @@ def test_gvisor_in_the_guest(guest: Guest) -> None:
     assert sorted(res) == sorted(GVISOR_CHECKS.split(",")), res
     failed = {k: v for k, v in res.items() if not v.get("ok")}
     assert failed == {}, json.dumps(failed, indent=1)
+
+
+def test_a_cpus_limit_without_the_cpu_controller_is_a_limits_error(guest: Guest) -> None:
+    # memory and pids are delegated, cpu is not: the default cpus=1 limit cannot be kept
+    prelude = (
+        "mkdir -p /sys/fs/cgroup/nocpu && "
+        "echo '+memory +pids' > /sys/fs/cgroup/nocpu/cgroup.subtree_control && "
+        "mkdir -p /sys/fs/cgroup/nocpu/x && echo $$ > /sys/fs/cgroup/nocpu/x/cgroup.procs"
+    )
+    r = guest.rollbox("sandbox create --backend namespace", prelude=prelude)
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "cpus=1 needs the cgroup v2 cpu controller" in lines[0], lines
+    assert "/sys/fs/cgroup/nocpu/x" in lines[0], lines
+    assert "Traceback" not in r.stderr + r.stdout

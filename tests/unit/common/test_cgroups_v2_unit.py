@@ -70,3 +70,14 @@ def test_no_hierarchy_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             cgroups.cgroup_version()
     finally:
         cgroup_base._version.cache_clear()
+
+
+def test_a_refused_limit_is_a_limits_error_naming_it(fake_root: Path) -> None:
+    from rollbox.errors import LimitsError
+    from rollbox.models import Limits
+
+    d = fake_root / "g"
+    (d / "pids.max").mkdir(parents=True)  # writing it fails, as a refused write would
+    cg = cgroups_v2.CgroupV2("rollbox-t/sbx-x", dict.fromkeys(cgroups.CONTROLLERS, d))
+    with pytest.raises(LimitsError, match=r"the kernel refused pids\.max=5 for cgroup"):
+        cg.apply(Limits(cpus=None, memory_mb=None, pids=5))
