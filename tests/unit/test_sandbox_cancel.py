@@ -5,12 +5,21 @@ facade re-raises it so a cancelled rollout or policy really stops."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rollbox.backends.base import Backend
+from rollbox.backends.registry import new_backend
+from rollbox.config import Home
 from rollbox.models import ExecResult
 from rollbox.sandbox import AsyncSandbox
+
+
+def _backend() -> Backend:
+    """A real backend object (nothing of it runs: the handles below are doubles)."""
+    return new_backend("namespace", Home(Path("/nonexistent-rollbox-home")))
 
 
 class _RacingHandle:
@@ -35,7 +44,7 @@ class _PlainHandle(_RacingHandle):
 
 
 def test_a_swallowed_cancellation_is_raised_again() -> None:
-    sbx = AsyncSandbox(_RacingHandle(), None)  # type: ignore[arg-type]
+    sbx = AsyncSandbox(_RacingHandle(), _backend())  # type: ignore[arg-type]
     after: list[str] = []
 
     async def caller() -> None:
@@ -52,5 +61,5 @@ def test_a_swallowed_cancellation_is_raised_again() -> None:
 
 
 def test_no_cancellation_no_change() -> None:
-    sbx = AsyncSandbox(_PlainHandle(), None)  # type: ignore[arg-type]
+    sbx = AsyncSandbox(_PlainHandle(), _backend())  # type: ignore[arg-type]
     assert asyncio.run(sbx.exec("true")).stdout == "ok"

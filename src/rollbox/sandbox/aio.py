@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -43,11 +43,19 @@ class AsyncFiles:
     ``PermissionError``).
     """
 
-    def __init__(self, handle: SandboxHandle, backend: str | None = None) -> None:
+    def __init__(
+        self,
+        handle: SandboxHandle,
+        backend: str | None = None,
+        guard: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+    ) -> None:
         self._h = handle
         self._backend = backend
+        self._guard = guard
 
     def _tag(self) -> contextlib.AbstractContextManager[None]:
+        if self._guard is not None:  # the owning sandbox's: same loop, errors tagged
+            return self._guard()
         return _on_sandbox(self._h.id, self._backend)
 
     async def read(self, path: str) -> bytes:
@@ -85,7 +93,7 @@ class AsyncSandbox:
         self._handle = handle
         self.backend = backend
         self._secrets = dict(secrets or {})
-        self.files = AsyncFiles(handle, backend.name)
+        self.files = AsyncFiles(handle, backend.name, self._op)
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -96,8 +104,8 @@ class AsyncSandbox:
         """Around every operation: same event loop, capability checked, errors tagged."""
         with _on_sandbox(self._handle.id, self.backend.name):
             loop = asyncio.get_running_loop()
-            if self._loop is None:
-                self._loop = loop
+            if self._loop is None or self._loop.is_closed():
+                self._loop = loop  # first use, or its loop ended (asyncio.run after asyncio.run)
             elif loop is not self._loop:
                 raise InvalidInputError(
                     f"sandbox {self.id} belongs to another event loop",
@@ -319,7 +327,7 @@ class AsyncSandbox:
 
     async def destroy(self) -> None:
         """Kill everything inside and remove every host resource (idempotent)."""
-        with _on_sandbox(self._handle.id, self.backend.name):
+        with self._op():
             await self._handle.destroy()
 
     async def __aenter__(self) -> AsyncSandbox:

@@ -147,8 +147,9 @@ def test_no_sandbox_bound_to_another_loop(sbx_home: Home, dev_baseline: Baseline
     with Sandbox.create(dev_baseline.digest, backend="namespace", home=sbx_home) as sbx:
 
         async def mine() -> str:
-            with pytest.raises(InvalidInputError, match="another event loop"):
-                await sbx._a.exec(["true"])  # the facade's object, from this loop
+            for foreign in (sbx._a.exec(["true"]), sbx._a.files.read("/etc/hostname")):
+                with pytest.raises(InvalidInputError, match="another event loop"):
+                    await foreign  # the facade's objects, from this loop
             aio = await sbx.to_async()  # one for this loop
             return (await aio.exec(["echo", "same"])).stdout
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from pathlib import Path
 from typing import ClassVar
@@ -316,3 +317,31 @@ def test_reconfigure_replaces_the_tuning_env_still_wins(
     assert vm.vm_config.tb_mb == 8  # type: ignore[attr-defined]
     with pytest.raises(InvalidInputError):
         vm.reconfigure(GVisorConfig())
+
+
+def test_a_sandbox_follows_asyncio_run_but_refuses_a_live_foreign_loop(tmp_path: Path) -> None:
+    import threading
+
+    from rollbox.models import ExecResult
+
+    class Handle:
+        id = "sbx-double"
+
+        async def exec(self, cmd: object, **_kw: object) -> ExecResult:
+            return ExecResult(exit_code=0, stdout="ok", stderr="", duration_s=0.0)
+
+    sbx = AsyncSandbox(Handle(), registry.new_backend("namespace", Home(tmp_path)))  # type: ignore[arg-type]
+    assert asyncio.run(sbx.exec("true")).stdout == "ok"
+    assert asyncio.run(sbx.exec("true")).stdout == "ok"  # the first loop is closed: rebinds
+    other = asyncio.new_event_loop()
+    thread = threading.Thread(target=other.run_forever, daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(sbx.exec("true"), other).result(5)  # binds there
+        with pytest.raises(InvalidInputError, match="another event loop") as err:
+            asyncio.run(sbx.exec("true"))
+        assert err.value.sandbox_id == "sbx-double" and err.value.backend == "namespace"
+    finally:
+        other.call_soon_threadsafe(other.stop)
+        thread.join(5)
+        other.close()
