@@ -1,10 +1,11 @@
 """The ``gvisor`` backend: the namespace backend's sandbox, run by ``runsc`` instead of bwrap.
 
-Everything around the runtime is shared with :mod:`rollbox.backends.namespace` (the
-sandbox directory and ``state.json``, overlay rootfs with a tmpfs upper, the cgroup, the
-allow-list network, the agent and its wire protocol, safe host-side file access, snapshot
-and fork through the upper dir, freezer pause): :class:`GVisorBackend` subclasses
-:class:`~rollbox.backends.namespace.NamespaceBackend` and replaces how a sandbox is
+Everything around the runtime is shared with the ``namespace`` backend through
+:class:`~rollbox.backends.common.overlay_backend.OverlayBackend` and
+:class:`~rollbox.backends.common.overlay_sandbox.OverlaySandbox` (the sandbox directory and
+``state.json``, overlay rootfs with a tmpfs upper, the cgroup, the allow-list network, the
+agent and its wire protocol, safe host-side file access, snapshot and fork through the
+upper dir, freezer pause, the exec preparation); this module says how a sandbox is
 started, how an exec's process tree is killed and how a sandbox is torn down.
 
 A sandbox is::
@@ -47,17 +48,18 @@ from typing import ClassVar
 
 from rollbox.backends.agent.build import agent_binary
 from rollbox.backends.agent.protocol import ExecRequest
-from rollbox.backends.base import OutputCallback, command_argv
+from rollbox.backends.base import OutputCallback
 from rollbox.backends.common.bundle import DEFAULT_PATH, oci_config, write_bundle
+from rollbox.backends.common.capture import StreamCapture
 from rollbox.backends.common.cgroups import Cgroup
+from rollbox.backends.common.execprep import map_exec_error
+from rollbox.backends.common.overlay_backend import OverlayBackend, Started, ping_agent
+from rollbox.backends.common.overlay_sandbox import OverlaySandbox
 from rollbox.backends.common.reasons import dir_full, fork_failed, tracked
 from rollbox.backends.config import BackendConfig
 from rollbox.backends.gvisor.helper import helper_binary, statx_shim
 from rollbox.backends.isolation import IsolatedExec
-from rollbox.backends.namespace.backend import NamespaceBackend, NamespaceSandbox, _ping_sync
-from rollbox.backends.namespace.capture import StreamCapture
 from rollbox.backends.registry import register_backend
-from rollbox.backends.state import read_state
 from rollbox.config import Home
 from rollbox.errors import (
     BackendError,
@@ -68,11 +70,10 @@ from rollbox.errors import (
     RollboxError,
     SandboxCrashedError,
     SandboxExhaustedError,
-    SandboxNotFoundError,
     TeardownError,
     UnsupportedOperationError,
 )
-from rollbox.models import BaselineInfo, Capabilities, ExecResult, SandboxInfo, SandboxSpec
+from rollbox.models import Capabilities, ExecResult, SandboxInfo, SandboxSpec
 
 MEMORY_OVERHEAD_MB = 160
 """Host memory allowed for the sentry, gofer and stubs on top of ``Limits.memory_mb``."""
@@ -102,7 +103,7 @@ def runsc_root(home: Home) -> Path:
 
 
 @register_backend
-class GVisorBackend(NamespaceBackend):
+class GVisorBackend(OverlayBackend):
     """gVisor's user-space kernel (``runsc``, ptrace platform) around the same sandbox."""
 
     name: ClassVar[str] = "gvisor"
@@ -151,8 +152,6 @@ class GVisorBackend(NamespaceBackend):
         cached = GVisorBackend._prepared.get(self.home.root)
         if cached is not None and all(Path(p).exists() for p in cached):
             self._runsc, self._helper, self._agent, self._statx = cached
-            self._bwrap = self._runsc
-            self._seccomp = Path(os.devnull)  # runsc applies its own seccomp to the sentry
             return
         runsc = shutil.which("runsc")
         if runsc is None:
@@ -169,9 +168,7 @@ class GVisorBackend(NamespaceBackend):
         self.home.ensure()
         runsc_root(self.home).mkdir(mode=0o700, exist_ok=True)
         self._helper = helper_binary(self.home)
-        self._seccomp = Path(os.devnull)  # runsc applies its own seccomp to the sentry
         self._runsc = runsc
-        self._bwrap = runsc
         self._agent = agent_binary(self.home)
         self._statx = statx_shim(self.home)
         GVisorBackend._prepared[self.home.root] = (runsc, self._helper, self._agent, self._statx)
@@ -191,7 +188,7 @@ class GVisorBackend(NamespaceBackend):
         assert self._runsc is not None
         return [self._runsc, "--root", str(runsc_root(self.home)), *args]
 
-    def _launch(self, sdir: Path, spec: SandboxSpec, cg: Cgroup, netns: str, lfd: int) -> None:
+    def _start(self, sdir: Path, spec: SandboxSpec, cg: Cgroup, netns: str, lfd: int) -> Started:
         """Write the OCI bundle and ``runsc run --detach`` it; wait for the agent.
 
         ``lfd`` (the base class's host-made listening socket) cannot be passed into gVisor;
@@ -281,27 +278,13 @@ class GVisorBackend(NamespaceBackend):
             text = (sdir / "sandbox.log").read_text(errors="replace").strip()[-500:]
             raise BackendError(f"runsc run failed (exit {proc.returncode}): {text}")
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not (sock.exists() and _ping_sync(sock, timeout=2.0)):
+        while not (sock.exists() and ping_agent(sock, timeout=2.0)):
             if time.monotonic() > deadline:
                 text = (sdir / "sandbox.log").read_text(errors="replace").strip()[-500:]
                 raise BackendError(f"the gVisor sandbox {sid} did not start: {text or 'no output'}")
             time.sleep(0.002)
         cg.apply(host_limits)
-
-    async def attach(self, sandbox_id: str) -> GVisorSandbox:
-        """Re-attach to a live sandbox of this home."""
-        info = read_state(self.home, sandbox_id)
-        if info.backend != self.name:
-            raise SandboxNotFoundError(f"sandbox {sandbox_id} belongs to backend {info.backend}")
-        if info.state == "destroyed":
-            raise SandboxNotFoundError(f"sandbox {sandbox_id} was destroyed")
-        return GVisorSandbox(self, info)
-
-    def _create_sync(
-        self, spec: SandboxSpec, baseline: BaselineInfo, upper_from: Path | None
-    ) -> GVisorSandbox:
-        handle = super()._create_sync(spec, baseline, upper_from)
-        return GVisorSandbox(self, handle.info)
+        return Started(sock)
 
     def _teardown_names(self, sandbox_id: str, net: dict[str, object] | None) -> None:
         errors: list[str] = []
@@ -442,7 +425,7 @@ def _listdir(path: Path) -> list[Path]:
         return []
 
 
-class GVisorSandbox(NamespaceSandbox):
+class GVisorSandbox(OverlaySandbox):
     """One live ``gvisor`` sandbox."""
 
     backend: GVisorBackend
@@ -523,7 +506,10 @@ class GVisorSandbox(NamespaceSandbox):
     ) -> ExecResult:
         """Run a command inside; see :meth:`SandboxHandle.exec`."""
         self._require_running()
-        argv = command_argv(cmd)
+        prep = self._prepare(
+            cmd, cwd=cwd, env=env, secrets=secrets, stdin=stdin, timeout=timeout, user=user
+        )
+        argv = prep.argv
         if isolate is not None and (isolate.fresh or isolate.files or isolate.collect):
             # runsc 20221219: a command's unshare(CLONE_NEWNS) mounts show in every process's
             # mount table, so a private directory cannot be made here.
@@ -532,29 +518,21 @@ class GVisorSandbox(NamespaceSandbox):
             # RLIMIT_NPROC per exec (see uds_listen.c): gVisor enforces it for root without
             # CAP_SYS_RESOURCE/CAP_SYS_ADMIN, which the bundle drops.
             argv = [HELPER, "--nproc", str(self.info.spec.limits.pids), "--", *argv]
-        if timeout is not None and timeout <= 0:
-            raise InvalidInputError("timeout must be > 0")
         spec = self.info.spec
-        default_user = (
-            spec.user if spec.user is not None else str(self.info.extra.get("image_user") or "")
-        )
-        uid, gid, homedir = self._resolve_user(user if user is not None else default_user)
-        full_env = self._base_env(homedir)
-        full_env.update(env or {})
-        full_env.update(secrets or {})
+        full_env = dict(prep.env)
         preload = full_env.get("LD_PRELOAD")
         full_env["LD_PRELOAD"] = f"{STATX_SHIM}:{preload}" if preload else STATX_SHIM
         req = ExecRequest(
             argv=argv,
             env=full_env,
-            cwd=cwd or spec.workdir or str(self.info.extra.get("image_workdir") or "/"),
-            uid=uid,
-            gid=gid,
+            cwd=prep.cwd,
+            uid=prep.user.uid,
+            gid=prep.user.gid,
             nofile=spec.limits.nofile or 0,
-            stdin=stdin.encode() if isinstance(stdin, str) else stdin,
+            stdin=prep.stdin,
             isolate=isolate,
         )
-        secret_values = [v for v in (secrets or {}).values() if v]
+        secret_values = prep.secret_values
         cap = spec.limits.output_bytes
         out = StreamCapture(cap, secret_values, on_stdout)
         err = StreamCapture(cap, secret_values, on_stderr)
@@ -642,12 +620,11 @@ class GVisorSandbox(NamespaceSandbox):
             for p in gpid:
                 self._running_pids.discard(p)
         duration = time.monotonic() - started
-        if agent_exit.fail_stage == "chdir":
-            raise InvalidInputError(
-                f"working directory {req.cwd!r} in the sandbox: {agent_exit.fail_message()}"
-            )
-        if agent_exit.fail_stage == "user":
-            raise InvalidInputError(f"cannot switch to user {user!r}: {agent_exit.fail_message()}")
+        failure = map_exec_error(
+            agent_exit.fail_stage, agent_exit.fail_message(), sandbox_id=self.id, prepared=prep
+        )
+        if failure is not None:
+            raise failure
         if agent_exit.fail_stage == "exec":
             err.feed(f"rollbox: {argv[0]}: {agent_exit.fail_message()}\n".encode())
         oom = self.cgroup.oom_kills() > oom_before
@@ -680,5 +657,7 @@ def runsc_state(home: Home, sandbox_id: str) -> dict[str, object] | None:
     data = json.loads(proc.stdout)
     return data if isinstance(data, dict) else None
 
+
+GVisorBackend.sandbox_class = GVisorSandbox
 
 __all__ = ["GVisorBackend", "GVisorSandbox", "runsc_root", "runsc_state"]

@@ -18,23 +18,17 @@ the agent runs. Why bwrap and not runc: see the README, "Design notes".
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import threading
-import time
-from datetime import timedelta
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from rollbox.backends.agent.build import agent_binary
-from rollbox.backends.agent.client import short_unix_path
-from rollbox.backends.base import Backend
-from rollbox.backends.common import teardown
-from rollbox.backends.common.cgroups import Cgroup, remove_orphan_cgroups
-from rollbox.backends.common.rootfs import Rootfs, remove_orphan_mounts, remove_sandbox_dir
+from rollbox.backends.common.cgroups import Cgroup
+from rollbox.backends.common.overlay_backend import OverlayBackend
+from rollbox.backends.common.overlay_sandbox import OverlaySandbox
 from rollbox.backends.config import BackendConfig
 from rollbox.backends.namespace.launch import (
     BOX,
@@ -43,6 +37,7 @@ from rollbox.backends.namespace.launch import (
     PIDS_RESERVE,
     PROC_HARDENING,
     RUN_TMPFS_BYTES,
+    BwrapStart,
     _make_box,
     _ping_sync,
     _wait_ready,
@@ -51,40 +46,12 @@ from rollbox.backends.namespace.launch import (
 from rollbox.backends.namespace.sandbox import NamespaceSandbox, _shielded_kill
 from rollbox.backends.namespace.seccomp import filter_file
 from rollbox.backends.registry import register_backend
-from rollbox.backends.state import (
-    expired,
-    list_states,
-    owner_fields,
-    owner_gone,
-    read_state,
-    sandbox_dir,
-    write_state,
-)
 from rollbox.config import Home
-from rollbox.errors import (
-    BackendError,
-    BackendUnavailableError,
-    InvalidInputError,
-    RollboxError,
-    SandboxNotFoundError,
-    TeardownError,
-)
-from rollbox.ids import new_id
-from rollbox.models import BaselineInfo, Capabilities, SandboxInfo, SandboxSpec, utcnow
+from rollbox.errors import BackendUnavailableError
+from rollbox.models import Capabilities, SandboxSpec
 
 _PREPARED: dict[Path, tuple[Path, Path]] = {}
 """Per home: (agent binary, seccomp filter file), built once per process."""
-_VERSIONS: dict[str, str] = {}
-"""Per backend class: its tool's version string, asked once per process."""
-
-
-def _network_module() -> Any:
-    """B2's allow-list networking, or ``None`` when it is not available."""
-    try:
-        from rollbox.backends.common import network
-    except ImportError:
-        return None
-    return network
 
 
 def _tool_version(argv: list[str]) -> str:
@@ -96,7 +63,7 @@ def _tool_version(argv: list[str]) -> str:
 
 
 @register_backend
-class NamespaceBackend(Backend):
+class NamespaceBackend(OverlayBackend):
     """Linux namespaces via bubblewrap, cgroup v1 limits, seccomp, dropped capabilities."""
 
     name: ClassVar[str] = "namespace"
@@ -108,12 +75,12 @@ class NamespaceBackend(Backend):
         network_modes=["none", "loopback", "allow"],
         users=True,
     )
+    sandbox_class: ClassVar[type[OverlaySandbox]] = NamespaceSandbox
 
     def __init__(
         self, home: Home, *, detached: bool = False, config: BackendConfig | None = None
     ) -> None:
         super().__init__(home, detached=detached, config=config)
-        self._agent: Path | None = None
         self._seccomp: Path | None = None
         self._prepare_lock = threading.Lock()
         self._bwrap: str | None = None
@@ -154,138 +121,29 @@ class NamespaceBackend(Backend):
             self._bwrap = bwrap
             self._agent = cached[0]  # last: it is the "prepared" flag read without the lock
 
-    def check(self, spec: SandboxSpec) -> None:
-        """Preflight: network mode, limits and the allow-list before anything starts."""
-        super().check(spec)
-        from rollbox.backends.common.cgroups import check_limits
+    # ------------------------------------------------------------------ start
 
-        check_limits(spec.limits)
-        from rollbox.backends.common.hostlimits import check_disk
+    def _prepare_cgroup(self, cg: Cgroup, spec: SandboxSpec) -> None:
+        """The ``box`` sub-group every exec's own group goes in (see :data:`BOX`)."""
+        _make_box(cg, spec.limits.pids)
 
-        check_disk(spec.limits, "tmpfs")  # the writable layer is a tmpfs
-        if spec.network.mode == "allow" and _network_module() is None:
-            raise BackendUnavailableError("allow-list networking is not available here")
-        if not spec.hostname or len(spec.hostname) > 63 or "/" in spec.hostname:
-            raise InvalidInputError(f"bad hostname {spec.hostname!r}")
+    def _retryable(self, log: str) -> bool:
+        """bwrap's own setup failed (seen transiently while other tools remount /proc on
+        the host): worth one more start."""
+        return log.startswith("bwrap:")
 
-    # ------------------------------------------------------------------ sandboxes
-
-    async def create(self, spec: SandboxSpec, baseline: BaselineInfo) -> NamespaceSandbox:
-        """Create and start a sandbox; see :meth:`Backend.create`."""
-        return await asyncio.to_thread(self._create_sync, spec, baseline, None)
-
-    def _create_sync(
-        self, spec: SandboxSpec, baseline: BaselineInfo, upper_from: Path | None
-    ) -> NamespaceSandbox:
-        from rollbox.baselines.store import BaselineStore
-
-        self.check(spec)
-        self.prepare()
-        assert self._agent is not None and self._seccomp is not None and self._bwrap is not None
-        sid = new_id("sbx")
-        sdir = sandbox_dir(self.home, sid)
-        now = utcnow()
-        owner_pid, extra = owner_fields(self.detach)
-        info = SandboxInfo(
-            id=sid,
-            backend=self.name,
-            backend_version=self.version_cached(),
-            baseline=baseline.digest,
-            spec=spec.model_copy(update={"baseline": baseline.digest}),
-            state="creating",
-            created_at=now,
-            expires_at=now + timedelta(seconds=spec.ttl_s) if spec.ttl_s else None,
-            owner_pid=owner_pid,
-            extra={
-                **extra,
-                "image_env": list(baseline.config.env),
-                "image_workdir": baseline.config.workdir or "/",
-                "image_user": baseline.config.user,
-            },
-        )
-        self.home.sandboxes.mkdir(parents=True, exist_ok=True)
-        sdir.mkdir()
-        (sdir / "run").mkdir(mode=0o700)
-        write_state(self.home, info)
-        lsock: socket.socket | None = None
-        ready_r = -1
+    def _start(self, sdir: Path, spec: SandboxSpec, cg: Cgroup, netns: str, lfd: int) -> BwrapStart:
+        """Spawn ``rollbox-agent launch … bwrap …`` with a pipe the agent writes its ready
+        byte to; see :meth:`OverlayBackend._start`."""
+        ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
         try:
-            layers = BaselineStore(self.home).layer_dirs(baseline.digest)
-            Rootfs.mount(sdir, layers, spec.limits.disk_mb, upper_from=upper_from)
-            cg = Cgroup.create(self.home.tag, sid, spec.limits)
-            _make_box(cg, spec.limits.pids)
-            netns = "-"
-            if spec.network.mode == "allow":
-                net = _network_module().setup_network(self.home.tag, sid, spec.network)
-                info.extra["net"] = net.to_dict()
-                netns = str(net.netns_path)
-            sock_path = sdir / "run" / "agent.sock"
-            for attempt in (1, 2):
-                sock_path.unlink(missing_ok=True)
-                lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                with short_unix_path(sock_path) as bind_path:
-                    lsock.bind(bind_path)
-                lsock.listen(64)
-                if type(self)._launch is NamespaceBackend._launch:
-                    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
-                    try:
-                        launcher = self._spawn(sdir, spec, cg, netns, lsock.fileno(), ready_w)
-                    finally:
-                        os.close(ready_w)
-                else:  # a subclass starts its sandboxes its own way
-                    self._launch(sdir, spec, cg, netns, lsock.fileno())
-                    launcher = None
-                lsock.close()
-                lsock = None
-                info.state = "running"
-                write_state(self.home, info)
-                handle = NamespaceSandbox(self, info)
-                handle._note_state_file()
-                # The launcher exits right after forking; reap it while bwrap starts up.
-                if launcher is not None and launcher.wait() != 0:
-                    raise BackendError(f"launching the sandbox failed (exit {launcher.returncode})")
-                if ready_r >= 0:
-                    started = _wait_ready(ready_r)
-                    os.close(ready_r)
-                    ready_r = -1
-                else:
-                    started = _ping_sync(sock_path)
-                if started:
-                    break
-                log = (sdir / "sandbox.log").read_text(errors="replace").strip()[-500:]
-                if attempt == 2 or not log.startswith("bwrap:"):
-                    raise BackendError(f"sandbox {sid} did not start: {log or 'no output'}")
-                # bwrap's own setup failed (seen transiently while other tools remount /proc
-                # on the host): clear what it left in the cgroup and start it once more.
-                teardown.kill_sandbox(cg)
-            if info.expires_at is not None:
-                from rollbox.backends.reaper import ensure_reaper
-
-                ensure_reaper(self.home)
-            return handle
-        except BaseException as exc:
-            if lsock is not None:
-                lsock.close()
-            if ready_r >= 0:
-                os.close(ready_r)
-            try:
-                self._teardown(info)
-            except BackendError as left:  # the create's own error stays the one raised
-                exc.add_note(f"and its teardown failed: {left}")
+            launcher = self._spawn(sdir, spec, cg, netns, lfd, ready_w)
+        except BaseException:
+            os.close(ready_r)
             raise
-
-    def version_cached(self) -> str:
-        """The tool version, computed once per process and backend class."""
-        key = type(self).__name__
-        if key not in _VERSIONS:
-            _VERSIONS[key] = self.version()
-        return _VERSIONS[key]
-
-    def _launch(self, sdir: Path, spec: SandboxSpec, cg: Cgroup, netns: str, lfd: int) -> None:
-        """Start the sandbox's runtime (blocking until the launcher has forked it off)."""
-        proc = self._spawn(sdir, spec, cg, netns, lfd)
-        if proc.wait() != 0:
-            raise BackendError(f"launching the sandbox failed (exit {proc.returncode})")
+        finally:
+            os.close(ready_w)
+        return BwrapStart(launcher, ready_r)
 
     def _spawn(
         self,
@@ -337,158 +195,6 @@ class NamespaceBackend(Backend):
         finally:
             os.close(seccomp_fd)
         return proc
-
-    async def attach(self, sandbox_id: str) -> NamespaceSandbox:
-        """Re-attach to a live sandbox of this home."""
-        info = read_state(self.home, sandbox_id)
-        if info.backend != self.name:
-            raise SandboxNotFoundError(f"sandbox {sandbox_id} belongs to backend {info.backend}")
-        if info.state == "destroyed":
-            raise SandboxNotFoundError(f"sandbox {sandbox_id} was destroyed")
-        return NamespaceSandbox(self, info)
-
-    def list_sandboxes(self) -> list[SandboxInfo]:
-        """Sandboxes of this backend in this home."""
-        return list_states(self.home, self.name)
-
-    def destroy_by_id(self, sandbox_id: str) -> list[str]:
-        """Destroy a sandbox of this home by id (idempotent); see
-        :meth:`Backend.destroy_by_id`. One line for the sandbox when anything of it was
-        left (its state, cgroup, network and directory go together)."""
-        try:
-            info = read_state(self.home, sandbox_id)
-        except SandboxNotFoundError:
-            info = None
-        existed = sandbox_dir(self.home, sandbox_id).exists()
-        if info is None:
-            self._teardown_names(sandbox_id, None)
-        else:
-            self._teardown(info)
-        return [f"sandbox {sandbox_id}"] if existed else []
-
-    def _teardown(self, info: SandboxInfo) -> None:
-        net = info.extra.get("net")
-        self._teardown_names(info.id, net if isinstance(net, dict) else None)
-
-    def _teardown_names(self, sandbox_id: str, net: dict[str, object] | None) -> None:
-        errors: list[str] = []
-        cg = Cgroup.open(self.home.tag, sandbox_id)
-        try:
-            fast = teardown.kill_sandbox(cg) and teardown.remove_cgroup_dirs(cg)
-            if not fast:
-                cg.destroy()
-        except (OSError, RollboxError) as exc:
-            errors.append(f"cgroup: {exc}")
-        if net is not None:
-            netmod = _network_module()
-            if netmod is not None:
-                try:
-                    netmod.teardown_network(netmod.NetSetup.from_dict(net))
-                except (OSError, RollboxError) as exc:
-                    errors.append(f"network: {exc}")
-        try:
-            sdir = sandbox_dir(self.home, sandbox_id)
-            if not teardown.remove_rootfs(sdir):
-                remove_sandbox_dir(sdir)
-            # both delete with ignore_errors: say what stayed, and why
-            left = teardown.why_not_removed(sdir) if sdir.exists() else None
-            if left is not None:
-                errors.append(f"dir: {left}")
-        except (OSError, RollboxError) as exc:
-            errors.append(f"dir: {exc}")
-        if errors:
-            raise TeardownError(
-                f"destroying {sandbox_id} left resources: {'; '.join(errors)}",
-                errors=[f"sandbox {sandbox_id}: {e}" for e in errors],
-            )
-
-    def cleanup_orphans(self, *, dry_run: bool = False) -> list[str]:
-        """Destroy sandboxes whose owner died, whose TTL passed or that crashed, then
-        remove tagged host resources that belong to no live sandbox."""
-        lines: list[str] = []
-        errors: list[str] = []
-        live: set[str] = set()
-        for info in self.list_sandboxes():
-            reason = self._dead_reason(info)
-            if reason is None:
-                live.add(info.id)
-                continue
-            if not dry_run:
-                try:
-                    self._teardown(info)
-                except BackendError as exc:  # reported, never counted as removed
-                    errors += getattr(exc, "errors", None) or [f"sandbox {info.id}: {exc}"]
-                    continue
-            lines.append(f"sandbox {info.id} ({reason})")
-        # Everything below is tagged with this home; keep what live sandboxes of *any*
-        # backend of this home use (gVisor shares the cgroup and mount naming).
-        live |= {i.id for i in list_states(self.home) if i.backend != self.name}
-        lines += remove_orphan_cgroups(self.home.tag, live, dry_run)
-        netmod = _network_module()
-        if netmod is not None:
-            lines += netmod.remove_orphan_networks(self.home.tag, live, dry_run)
-        lines += remove_orphan_mounts(self.home, live, dry_run)
-        lines += self._remove_stray_dirs(dry_run, errors)
-        if errors:
-            raise TeardownError(
-                f"cleanup of {self.name} sandboxes left {len(errors)} resource(s)",
-                errors=errors,
-                removed=lines,
-            )
-        return lines
-
-    def _remove_stray_dirs(self, dry_run: bool, errors: list[str]) -> list[str]:
-        """Sandbox directories without a readable state.json (a creator killed between
-        ``mkdir`` and the first state write), older than a minute."""
-        out = []
-        try:
-            entries = list(os.scandir(self.home.sandboxes))
-        except FileNotFoundError:
-            return []
-        for entry in entries:
-            if not entry.name.startswith("sbx-") or not entry.is_dir(follow_symlinks=False):
-                continue
-            try:
-                read_state(self.home, entry.name)
-                continue
-            except SandboxNotFoundError:
-                pass
-            if time.time() - entry.stat(follow_symlinks=False).st_mtime < 60:
-                continue
-            if not dry_run:
-                try:
-                    remove_sandbox_dir(Path(entry.path))
-                except (OSError, RollboxError) as exc:
-                    errors.append(f"dir {entry.path}: {exc}")
-                    continue
-                left = teardown.why_not_removed(Path(entry.path))
-                if left is not None:
-                    errors.append(f"dir {left}")
-                    continue
-            out.append(f"dir {entry.path}")
-        return out
-
-    def _dead_reason(self, info: SandboxInfo) -> str | None:
-        if info.state == "destroyed":
-            return "destroyed"
-        if expired(info):
-            return "ttl expired"
-        if owner_gone(info):
-            return f"owner pid {info.owner_pid} is gone"
-        if info.state == "creating":
-            # A creator that died mid-create is caught by owner_gone; a detached one is
-            # given a minute.
-            age = (utcnow() - info.created_at).total_seconds()
-            return "never finished starting" if age > 60 else None
-        if (
-            not Cgroup.open(self.home.tag, info.id).exists()
-            or not (sandbox_dir(self.home, info.id) / "rootfs").is_dir()
-        ):
-            return "crashed"
-        cg = Cgroup.open(self.home.tag, info.id)
-        if not cg.pids():
-            return "crashed (no processes)"
-        return None
 
 
 __all__ = [

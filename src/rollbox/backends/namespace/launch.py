@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import fcntl
 import os
-import socket
+import subprocess
 import threading
-import time
 from pathlib import Path
 
-from rollbox.backends.agent.client import short_unix_path
 from rollbox.backends.common.bundle import DEFAULT_CAPS
 from rollbox.backends.common.cgroups import Cgroup
+from rollbox.backends.common.overlay_backend import ping_agent
+from rollbox.errors import BackendError
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RUN_TMPFS_BYTES = 16 << 20
@@ -78,23 +78,32 @@ def _wait_ready(fd: int, timeout: float = 10.0) -> bool:
     return bool(ready) and os.read(fd, 1) == b"r"
 
 
-def _ping_sync(path: Path, timeout: float = 10.0) -> bool:
-    """Ping the agent with a blocking socket (used from worker threads)."""
-    from rollbox.backends.agent import protocol as p
+_ping_sync = ping_agent  # the old name (gVisor's start waited with it)
 
-    deadline = time.monotonic() + timeout
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout)
+
+class BwrapStart:
+    """A launched bwrap sandbox: :meth:`wait` reaps the launcher (it exits right after
+    forking) and waits for the agent's ready byte on the pipe."""
+
+    def __init__(self, launcher: subprocess.Popen[bytes], ready_fd: int) -> None:
+        self.launcher = launcher
+        self.ready_fd = ready_fd
+
+    def wait(self) -> bool:
+        """True when the agent is ready; see :meth:`Starting.wait`.
+
+        Raises:
+            BackendError: the launcher failed.
+        """
+        if self.launcher.wait() != 0:
+            raise BackendError(f"launching the sandbox failed (exit {self.launcher.returncode})")
         try:
-            with short_unix_path(path) as short:
-                s.connect(short)
-            s.sendall(p.frame(p.PING))
-            data = b""
-            while len(data) < p.HEADER.size and time.monotonic() < deadline:
-                chunk = s.recv(64)
-                if not chunk:
-                    return False
-                data += chunk
-            return data[:1] == p.PONG
-        except OSError:
-            return False
+            return _wait_ready(self.ready_fd)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the pipe's read end (idempotent)."""
+        if self.ready_fd >= 0:
+            os.close(self.ready_fd)
+            self.ready_fd = -1
