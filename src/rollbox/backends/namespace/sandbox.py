@@ -13,7 +13,6 @@ from rollbox.backends.agent.protocol import ExecRequest
 from rollbox.backends.base import OutputCallback
 from rollbox.backends.common.cgroups import Cgroup
 from rollbox.backends.common.execprep import (
-    base_env,
     map_exec_error,
 )
 from rollbox.backends.common.overlay_sandbox import OverlaySandbox
@@ -51,16 +50,6 @@ class NamespaceSandbox(OverlaySandbox):
     def __init__(self, backend: NamespaceBackend, info: SandboxInfo) -> None:
         super().__init__(backend, info)
         self._exec_seq = 0
-
-    def _resolve_user(self, user: str | None) -> tuple[int | None, int, str]:
-        """(uid or None for root, gid, home) of ``user``; kept for gVisor's exec until it
-        moves onto :meth:`_prepare`."""
-        who = self._prepare(["true"], user=user).user
-        return who.uid, who.gid, who.home
-
-    def _base_env(self, homedir: str) -> dict[str, str]:
-        """See :func:`rollbox.backends.common.execprep.base_env` (kept for gVisor's exec)."""
-        return base_env(self.info, homedir)
 
     @tracked
     async def exec(
