@@ -6,6 +6,14 @@ backend's in-sandbox agent to give one command fresh tmpfs directories that exis
 command's mount namespace, to fill them with the host's files before the command starts, and to
 hand back the files of one of them after it ends, before the namespace goes away. Nothing
 outside that namespace can pre-write or alter them by path.
+
+Nor through a process: on namespace and microvm, ordinary commands run with Docker's default
+capability set (no CAP_SYS_ADMIN, no CAP_SYS_PTRACE) and only isolated commands keep a
+marker capability (CAP_WAKE_ALARM), so the kernel's ptrace access check refuses what the
+agent left running ``/proc/PID/root`` and ``/proc/PID/ns/mnt`` (setns) of a verifier process.
+gVisor (runsc 20221219) has no per-command mount namespace: backends that cannot isolate
+raise :class:`~rollbox.errors.CapabilityError` and the verifier falls back (see
+:mod:`rollbox.rollouts.verifier_exec`).
 """
 
 from __future__ import annotations
