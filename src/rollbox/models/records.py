@@ -392,3 +392,6 @@ class RunSummary(RecordModel):
     final attempts."""
     suspicious_rollouts: int = 0
     """Final attempts with at least one suspicious change."""
+    unprotected_rollouts: int = 0
+    """Final attempts whose shared-mode verifier ran with the agent's processes alive on a
+    backend that cannot isolate it (``verifier_isolation = "none"``)."""

@@ -165,7 +165,14 @@ def summarize(
         mean_reward=sum(all_rewards) / len(all_rewards) if all_rewards else None,
         suspicious_changes=sum(len(r.suspicious_changes) for r in final),
         suspicious_rollouts=sum(bool(r.suspicious_changes) for r in final),
+        unprotected_rollouts=sum(_unprotected(r) for r in final),
     )
+
+
+def _unprotected(r: RolloutRecord) -> bool:
+    """A shared-mode verifier that ran beside the agent's processes without isolation."""
+    shared = r.verifier is not None and r.verifier.mode == "shared"
+    return shared and r.extra.get("verifier_isolation") == "none"
 
 
 def _num(v: float | None, fmt: str = "{:.2f}") -> str:
@@ -280,5 +287,10 @@ def render(summary: RunSummary) -> Group:
     plat.add_row(
         "system files changed",
         Text(sus, style="yellow") if summary.suspicious_changes else Text(sus),
+    )
+    unprot = f"{summary.unprotected_rollouts} rollouts"
+    plat.add_row(
+        "unprotected verifier",
+        Text(unprot, style="yellow") if summary.unprotected_rollouts else Text(unprot),
     )
     return Group(tasks, plat)

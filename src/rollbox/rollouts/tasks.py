@@ -133,7 +133,9 @@ class RollboxSection(BaseModel):
     """A baseline reference (digest/name) to use instead of ``environment/Dockerfile``."""
     stop_agent_before_verify: bool = False
     """Kill every process the agent left running before a shared-mode verifier starts
-    (default: they keep running, so tests can query a server the agent started)."""
+    (default: they keep running, so tests can query a server the agent started). On a
+    backend that cannot isolate the verifier (gvisor) they are stopped unless this is set
+    to ``false`` explicitly (then the rollout is recorded as unprotected)."""
 
 
 @dataclass(frozen=True)

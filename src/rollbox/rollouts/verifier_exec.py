@@ -16,14 +16,17 @@ marker capability (CAP_WAKE_ALARM), so the kernel's ptrace access check refuses 
 What this does not cover: shared mode still trusts the agent's filesystem (the verifier runs
 the agent's ``bash``, ``python3``...); separate mode closes that.
 
-A backend that cannot give an exec its own mount namespace (gVisor here) gets the weaker
-path, recorded as ``verifier_isolation = "none"``: both directories emptied and the tests
-uploaded just before the command, then two tamper checks that catch interference but cannot
-prevent it: every uploaded file must still be in ``/tests`` unchanged (files added there are
-not judged: pytest writes ``__pycache__``), and the reward files must
-not change after the command ended (a process left running keeps writing them). A forger
-that writes once at the right moment gets past them; ``stop_agent_before_verify`` or
-separate mode does not leave it running.
+A backend that cannot give an exec its own mount namespace (gVisor here: runsc 20221219)
+gets the weaker path: both directories emptied and the tests uploaded just before the
+command. There, by default, shared mode first stops every process the agent left running
+(recorded ``verifier_isolation = "stopped-agent"``), since nothing else would keep them away
+from the reward. A task whose tests query a service the agent started must opt out with
+``[rollbox] stop_agent_before_verify = false`` (recorded ``"none"``; ``rollbox report``
+counts such rollouts as unprotected). Then only two tamper checks remain, which catch
+interference but cannot prevent it: every uploaded file must still be in ``/tests``
+unchanged (files added there are not judged: pytest writes ``__pycache__``), and the reward
+files must not change after the command ended (a process left running keeps writing them).
+A forger that writes once at the right moment gets past them.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any
 from rollbox.backends.isolation import IsolatedExec
 from rollbox.errors import BackendError, CapabilityError, InvalidInputError, RollboxError
 from rollbox.models import ExecResult, FsChange
+from rollbox.rollouts.tasks import RollboxSection
 from rollbox.rollouts.verifier import REWARD_DIR, REWARD_JSON, REWARD_TXT
 from rollbox.sandbox import AsyncSandbox
 
@@ -121,6 +125,19 @@ def isolated_request(tests_dir: Path, *, stop_agent: bool) -> IsolatedExec:
         collect=REWARD_DIR,
         kill_others=stop_agent,
     )
+
+
+def unisolated_stop(settings: RollboxSection, mode: str) -> tuple[bool, str]:
+    """On a backend that cannot isolate the verifier: whether to stop the agent's processes
+    first, and the ``verifier_isolation`` to record.
+
+    Shared mode stops them unless the task set ``stop_agent_before_verify = false``
+    explicitly; separate mode has none of them in the verifier's sandbox.
+    """
+    explicit = "stop_agent_before_verify" in settings.model_fields_set
+    if mode != "shared" or (explicit and not settings.stop_agent_before_verify):
+        return False, "none"
+    return True, "stopped-agent"
 
 
 def is_unsupported(exc: CapabilityError) -> bool:

@@ -36,6 +36,7 @@ from rollbox.rollouts.verifier_exec import (
     protected,
     run_unisolated,
     suspicious,
+    unisolated_stop,
 )
 from rollbox.sandbox import AsyncSandbox
 
@@ -151,7 +152,8 @@ class VerifyPhase(RolloutOutputs):
         except CapabilityError as exc:
             if not is_unsupported(exc):
                 raise
-        rec.extra = {**rec.extra, "verifier_isolation": "none"}
+        stop, how = unisolated_stop(task.rollbox, task.verifier.environment_mode)
+        rec.extra = {**rec.extra, "verifier_isolation": how}
         return await run_unisolated(sbx, task.tests_dir, cmd, opts, stop=stop, scratch=scratch)
 
     async def _verifier_logs(

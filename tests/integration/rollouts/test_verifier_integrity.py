@@ -12,14 +12,18 @@ each with a ``tests/test.sh`` that never writes a passing reward. ``agent-server
 tests query a server the agent left running) must still pass, and ``agent-leftover`` passes
 only when ``[rollbox] stop_agent_before_verify = true`` killed what the agent left.
 
-On gVisor (no private mount namespaces in runsc 20221219) the weaker path's tamper checks
-are what fail the writer and the watcher; with the guard switched off every forgery passes
-on every backend.
+On gVisor (no private mount namespaces in runsc 20221219) shared mode stops the agent's
+processes before the verifier by default (``verifier_isolation = "stopped-agent"``), so the
+forgeries fail there too and ``agent-server`` needs ``stop_agent_before_verify = false``
+(``-optout`` copies; recorded ``"none"``, counted as unprotected by the report, and only the
+weaker path's tamper checks then fail the writer and the watcher). With the guard switched
+off every forgery passes on every backend.
 """
 
 from __future__ import annotations
 
 import io
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +50,16 @@ def stopped(root: Path, name: str) -> Path:
     toml = d / "task.toml"
     text = toml.read_text().replace(f'name = "{name}"', f'name = "{name}-stopped"')
     toml.write_text(text + "\n[rollbox]\nstop_agent_before_verify = true\n")
+    return d
+
+
+def optout(root: Path, name: str) -> Path:
+    """A copy of task ``name`` with ``stop_agent_before_verify = false`` set explicitly."""
+    d = root / f"{name}-optout"
+    shutil.copytree(TASKS / name, d)
+    toml = d / "task.toml"
+    text = toml.read_text().replace(f'name = "{name}"', f'name = "{name}-optout"')
+    toml.write_text(text + "\n[rollbox]\nstop_agent_before_verify = false\n")
     return d
 
 
@@ -76,13 +90,22 @@ def test_forged_rewards_do_not_pass_and_agent_servers_still_serve(
     dirs += [TASKS / "verifier-writes-tests", TASKS / "verifier-timeout"]
     dirs += [stopped(tmp_path, n) for n in ["agent-server", "agent-leftover", *FORGED]]
     dirs.append(separate(tmp_path, "forged-prewritten"))
+    dirs.append(optout(tmp_path, "agent-server"))
+    private = backend != "gvisor"
+    if not private:  # the weaker path's tamper checks, with the agent's processes alive
+        dirs += [optout(tmp_path, n) for n in ["forged-writer", "forged-watcher"]]
     run, recs = runs.run(dirs, agent="oracle", backend_override=backend)
     by = final(recs)
-    assert len(by) == 13, sorted(by)
-    private = backend != "gvisor"
+    assert len(by) == (14 if private else 16), sorted(by)
     for name, r in by.items():
         assert r.verifier is not None, (name, r.error)
-        assert r.extra.get("verifier_isolation") == ("private" if private else "none"), name
+        if private:
+            want = "private"
+        elif name.endswith(("-optout", "-separate")):
+            want = "none"
+        else:
+            want = "stopped-agent"
+        assert r.extra.get("verifier_isolation") == want, name
         assert check(r, runs.blobs) == [], name
 
     # (a) a reward written in advance: not seen; test.sh wrote none -> verifier error
@@ -100,10 +123,13 @@ def test_forged_rewards_do_not_pass_and_agent_servers_still_serve(
     assert not by["agent-server"].suspicious_changes  # /srv is not a system path
     summary = summarize(run, recs)
     assert summary.suspicious_changes == 3 and summary.suspicious_rollouts == 3
+    # shared-mode rollouts whose verifier ran beside the agent's live processes unisolated
+    assert summary.unprotected_rollouts == (0 if private else 3)
     console = Console(width=200, record=True, file=io.StringIO())
     console.print(render(summary))
     text = console.export_text()
     assert "system files changed" in text and "3 paths in 3 rollouts" in text
+    assert re.search(rf"unprotected verifier\W+{summary.unprotected_rollouts} rollouts", text)
     # the field is sealed by the provenance digest: an edit is caught by `rollbox verify`
     edited = pre.model_copy(update={"suspicious_changes": []})
     assert check(edited, runs.blobs) != []
@@ -115,15 +141,17 @@ def test_forged_rewards_do_not_pass_and_agent_servers_still_serve(
     w = by["forged-writer"].verifier
     c = by["forged-watcher"]
     assert w is not None and c.verifier is not None
-    if private:
-        # (b) the writer's reward never reached the verifier: no reward at all
-        assert "wrote no reward" in (w.error or ""), w
-        # (c) the watcher never saw the tests: the original test.sh wrote 0
-        assert c.verifier.reward == 0.0 and c.status == "done", c.verifier
-    else:
-        # gVisor cannot isolate: the weaker path's tamper checks catch both
-        assert "changed after the verifier ended" in (w.error or ""), w
-        assert "/tests/test.sh changed while the verifier ran" in (c.verifier.error or "")
+    # (b) the writer's reward never reached the verifier (private dirs; on gVisor the writer
+    # was stopped first): no reward at all
+    assert "wrote no reward" in (w.error or ""), w
+    # (c) the watcher never saw the tests (or was stopped): the original test.sh wrote 0
+    assert c.verifier.reward == 0.0 and c.status == "done", c.verifier
+    if not private:
+        # opted out on gVisor: the agent's processes run on, the tamper checks catch both
+        wo, co = by["forged-writer-optout"].verifier, by["forged-watcher-optout"].verifier
+        assert wo is not None and co is not None and not wo.passed and not co.passed
+        assert "changed after the verifier ended" in (wo.error or ""), wo
+        assert "/tests/test.sh changed while the verifier ran" in (co.error or ""), co
 
     # files the verifier itself adds under /tests (pytest's __pycache__) are no tampering
     own = by["verifier-writes-tests"]
@@ -136,13 +164,17 @@ def test_forged_rewards_do_not_pass_and_agent_servers_still_serve(
     assert logs.get("/logs/verifier/progress.log") == b"started\n", sorted(logs)
     # a server the agent left running still answers the tests (Harbor's shared mode) ...
     srv = by["agent-server"]
-    assert srv.status == "done" and srv.verifier is not None and srv.verifier.passed, srv
+    assert srv.status == "done" and srv.verifier is not None
+    # (gVisor: only when the task opts out of the stop explicitly)
+    assert srv.verifier.passed is private, srv.verifier
+    out = by["agent-server-optout"]
+    assert out.status == "done" and out.verifier is not None and out.verifier.passed, out
     # ... unless the task asks for the agent's processes to be stopped first
     srv_stopped = by["agent-server-stopped"].verifier
     assert srv_stopped is not None and not srv_stopped.passed
     # stop_agent_before_verify killed every tree the agent left (a sleeper and a fork loop)
     left = by["agent-leftover"].verifier
-    assert left is not None and left.reward == 0.0
+    assert left is not None and left.reward == (0.0 if private else 1.0)
     gone = by["agent-leftover-stopped"]
     assert gone.verifier is not None and gone.verifier.reward == 1.0, gone.verifier
 

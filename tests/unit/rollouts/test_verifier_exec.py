@@ -14,7 +14,13 @@ from rollbox.backends.isolation import IsolatedExec
 from rollbox.errors import InvalidInputError
 from rollbox.models import FsChange
 from rollbox.rollouts.tasks import RollboxSection
-from rollbox.rollouts.verifier_exec import TESTS_MAX, isolated_request, pack_tests, suspicious
+from rollbox.rollouts.verifier_exec import (
+    TESTS_MAX,
+    isolated_request,
+    pack_tests,
+    suspicious,
+    unisolated_stop,
+)
 
 
 def test_suspicious_lists_system_paths_only() -> None:
@@ -161,3 +167,18 @@ def test_microvm_request_too_big_for_one_frame_takes_the_weaker_path() -> None:
     with pytest.raises(CapabilityError) as info:
         _private_request(big)
     assert is_unsupported(info.value)
+
+
+def test_unisolated_backends_stop_the_agent_unless_the_task_opts_out() -> None:
+    """Without a private exec (gVisor), shared mode stops the agent's processes first unless
+    the task says ``stop_agent_before_verify = false`` itself; separate mode never does."""
+    unset = RollboxSection()
+    assert unisolated_stop(unset, "shared") == (True, "stopped-agent")
+    assert unisolated_stop(RollboxSection(stop_agent_before_verify=True), "shared") == (
+        True,
+        "stopped-agent",
+    )
+    optout = RollboxSection.model_validate({"stop_agent_before_verify": False})
+    assert unisolated_stop(optout, "shared") == (False, "none")
+    assert unisolated_stop(unset, "separate") == (False, "none")
+    assert unisolated_stop(optout, "separate") == (False, "none")
