@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from rollbox.backends import registry
+from rollbox.backends.base import Backend, MemorySnapshots, memory_snapshots
 from rollbox.backends.state import list_states
 from rollbox.config import Home
 from rollbox.errors import (
@@ -156,3 +157,43 @@ def test_no_sandbox_bound_to_another_loop(sbx_home: Home, dev_baseline: Baseline
         assert asyncio.run(mine()) == "same\n"
         assert sbx.exec(["echo", "still"]).stdout == "still\n"  # the facade is unaffected
     assert home_leftovers(sbx_home) == []
+
+
+@pytest.mark.parametrize("backend", ["namespace", "gvisor", "microvm"])
+def test_same_door_same_types_on_every_backend(
+    backend: str, backend_or_skip: Callable[[str], Backend], dev_baseline: BaselineInfo
+) -> None:
+    """destroy_by_id returns list[str] everywhere; snapshot() a digest everywhere;
+    snapshot_memory() a snap- id where declared, else UnsupportedOperationError before
+    anything happens; the memory-snapshot interface exists exactly where declared."""
+    be = backend_or_skip(backend)
+    home: Home = be.home
+
+    async def main() -> None:
+        sbx = await AsyncSandbox.create(dev_baseline.digest, backend=backend, home=home)
+        try:
+            await sbx.exec(["sh", "-c", "echo v1 > /root/f"])
+            digest = await sbx.snapshot()
+            assert digest.startswith("sha256:") and digest != dev_baseline.digest
+            if be.capabilities.memory_snapshot:
+                snap = await sbx.snapshot_memory()
+                assert snap.startswith("snap-")
+                records = memory_snapshots(be).list_snapshots()
+                assert snap in [r.id for r in records]
+                assert memory_snapshots(be).load_snapshot(snap).source == sbx.id
+            else:
+                with pytest.raises(UnsupportedOperationError) as err:
+                    await sbx.snapshot_memory()
+                assert (err.value.backend, err.value.sandbox_id) == (backend, sbx.id)
+                assert not isinstance(be, MemorySnapshots)
+            assert (await sbx.exec(["cat", "/root/f"])).stdout == "v1\n"  # still running
+        finally:
+            removed = be.destroy_by_id(sbx.id)
+        assert isinstance(removed, list) and removed and all(isinstance(x, str) for x in removed)
+        assert be.destroy_by_id(sbx.id) == []  # idempotent, same type
+        with pytest.raises(SandboxStateError):
+            await sbx.exec(["true"])
+
+    asyncio.run(main())
+    assert [i.id for i in list_states(home) if i.state != "destroyed"] == []
+    assert home_leftovers(home) == []
