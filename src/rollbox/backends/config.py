@@ -132,15 +132,19 @@ def config_for(
     """The config of backend ``name``: ``config`` (default: its defaults) with the
     environment overrides that are set applied.
 
-    Backends registered from outside rollbox get a :class:`NamespaceConfig`-like empty
-    config unless they pass their own.
-
     Raises:
-        InvalidInputError: ``config`` is for another backend, or an override is malformed.
+        InvalidInputError: ``config`` is for another backend, ``name`` is a backend from
+            outside rollbox (it has no model here: it overrides ``Backend.config`` with its
+            own), or an override is malformed.
     """
     env = os.environ if environ is None else environ
     if config is None:
-        config = parse_config({"type": name}) if name in _DEFAULTS else NamespaceConfig()
+        if name not in _DEFAULTS:
+            raise InvalidInputError(
+                f"backend {name!r} has no config model in rollbox.backends.config",
+                hint="a backend from another package overrides Backend.config",
+            )
+        config = parse_config({"type": name})
     elif config.type != name:
         raise InvalidInputError(f"a {config.type!r} config was given to backend {name!r}")
     updates: dict[str, Any] = {}

@@ -345,3 +345,10 @@ def test_a_sandbox_follows_asyncio_run_but_refuses_a_live_foreign_loop(tmp_path:
         other.call_soon_threadsafe(other.stop)
         thread.join(5)
         other.close()
+
+
+def test_an_outside_backend_has_no_borrowed_config() -> None:
+    with pytest.raises(InvalidInputError, match="no config model"):
+        config_for("ext-thing", None, {})
+    with pytest.raises(InvalidInputError, match="config was given"):
+        config_for("ext-thing", MicroVMConfig(), {})
