@@ -138,7 +138,7 @@ def _raise_interrupt(_sig: int, _frame: Any) -> None:
 def _mark_interrupted(meta: Any, blobs: Any, run_id: str) -> None:
     """An interrupt outside the run's own cancellation path (start-up, shutdown): whatever
     the store still shows as running becomes ``interrupted``."""
-    from rollbox.rollouts.runs import interrupt_run
+    from rollbox.rollouts.stale import interrupt_run
 
     with contextlib.suppress(Exception), _ignoring_signals():
         interrupt_run(meta, blobs, meta.get_run(run_id))
@@ -294,7 +294,7 @@ def register(app: typer.Typer) -> None:
         """Re-run each rollout of RUN from its recorded baseline, task copy, agent and seed;
         report which outcomes and filesystem diffs match and what differs."""
         from rollbox.rollouts.repro import repro_run
-        from rollbox.rollouts.runs import RunEvents
+        from rollbox.rollouts.run_options import RunEvents
 
         if concurrency < 1:
             raise fail("--concurrency must be at least 1", json_mode=json_)

@@ -46,7 +46,7 @@ def _open(db: str | None) -> tuple[MetaStore, BlobStore]:
 
 def effective_status(run: RunRecord) -> RunStatus:
     """The run's status, ``interrupted`` when it says running but its process is gone."""
-    from rollbox.rollouts.runs import pid_alive
+    from rollbox.rollouts.stale import pid_alive
 
     if (
         run.status == "running"

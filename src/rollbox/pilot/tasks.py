@@ -63,7 +63,8 @@ async def run_task_level(
     """
     import asyncio
 
-    from rollbox.rollouts.runs import Run, RunOptions, resolve_baseline
+    from rollbox.rollouts.baseline import resolve_baseline
+    from rollbox.rollouts.runs import Run, RunOptions
     from rollbox.rollouts.tasks import load_task
     from rollbox.store.blobs import BlobStore
     from rollbox.store.metadata import MetaStore
