@@ -118,12 +118,10 @@ def register(app: typer.Typer) -> None:
             render_html(report, png, html_out)
 
         def human() -> None:
-            from rich.console import Console
-
             from rollbox.pilot.table import rich_table
 
-            # the table is wide: never squash it to 80 columns when piped
-            Console(highlight=False, width=max(console.width, 170)).print(rich_table(report))
+            # one wide table where it fits, else two that fit 80 columns (pilot/table.py)
+            console.print(rich_table(report))
             for b in report.backends:
                 if b.error:
                     console.print(f"[red]{b.backend} not piloted:[/red] {b.error}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rich import box
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.table import Table
 
 from rollbox.pilot.models import LevelResult, PilotReport
@@ -57,14 +59,54 @@ def rows(report: PilotReport) -> list[list[str]]:
     return [level_row(b.backend, lv) for b in report.backends for lv in b.levels]
 
 
-def rich_table(report: PilotReport) -> Table:
-    """The table printed by ``rollbox pilot`` (latencies in ms)."""
-    t = Table(
-        title=f"rollbox pilot — {report.workload}, {report.rollouts} rollouts/level (ms)",
-        title_justify="left",
-    )
-    for c in COLUMNS:
-        t.add_column(c, justify="left" if c in ("backend", "cleanup") else "right")
-    for r in rows(report):
-        t.add_row(*r)
-    return t
+OUTCOMES = ["backend", "conc", "starts", "done", "compl %", "infra err", "retries (ok)",
+            "rollouts/s", "cleanup"]  # fmt: skip
+"""Columns of the first of the two narrow tables (the second has the latencies)."""
+LATENCIES = ["backend", "conc", "prov p50", "p95", "p99", "raw p50", "ratio p50", "queue p50"]
+
+
+class PilotTable:
+    """The table printed by ``rollbox pilot`` (latencies in ms): one table where the width
+    allows all 15 columns, else two (outcomes, latencies) that each fit 80 columns — never a
+    backend name or a number folded inside a cell."""
+
+    def __init__(self, report: PilotReport) -> None:
+        self.report = report
+
+    def table(self, columns: list[str], title: str | None = None, compact: bool = False) -> Table:
+        """The rows of the report restricted to ``columns``; ``compact``: headers one word a
+        line and no vertical rules (the narrow tables)."""
+        r = self.report
+        t = Table(
+            title=title or f"rollbox pilot — {r.workload}, {r.rollouts} rollouts/level (ms)",
+            title_justify="left",
+        )
+        if compact:
+            t.box, t.show_edge, t.pad_edge, t.collapse_padding = box.SIMPLE_HEAD, False, False, True
+        for c in columns:
+            left = c in ("backend", "cleanup")
+            t.add_column(
+                c.replace(" ", "\n") if compact else c,
+                justify="left" if left else "right",
+                no_wrap=c != "cleanup",
+            )
+        idx = [COLUMNS.index(c) for c in columns]
+        for row in rows(r):
+            t.add_row(*[row[i] for i in idx])
+        return t
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        wide = self.table(COLUMNS)
+        natural = console.measure(wide, options=options.update_width(10_000)).maximum
+        if natural <= options.max_width:
+            yield wide
+            return
+        r = self.report
+        head = f"rollbox pilot — {r.workload}, {r.rollouts} rollouts/level"
+        yield self.table(OUTCOMES, f"{head}: outcomes", compact=True)
+        yield self.table(LATENCIES, f"{head}: latencies (ms)", compact=True)
+
+
+def rich_table(report: PilotReport) -> PilotTable:
+    """The renderable printed by ``rollbox pilot`` (see :class:`PilotTable`)."""
+    return PilotTable(report)
