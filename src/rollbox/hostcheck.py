@@ -187,7 +187,7 @@ def _prebuilt(home: Home | None) -> dict[str, bool]:
     from rollbox.backends.gvisor import helper
     from rollbox.backends.microvm import initramfs
 
-    def built(source: Path, name: str, suffix: str = "") -> bool:
+    def built(source: Path | tuple[Path, ...], name: str, suffix: str = "") -> bool:
         if home is None:
             return False
         return (home.root / "bin" / f"{name}-{build.source_hash(source)}{suffix}").exists()
@@ -198,7 +198,7 @@ def _prebuilt(home: Home | None) -> dict[str, bool]:
         "gvisor": agent
         and built(helper.SOURCE, "rollbox-uds-listen")
         and built(helper.STATX_SOURCE, "rollbox-statx", ".so"),
-        "microvm": built(initramfs.AGENT_SOURCE, "rollbox-guest-agent"),
+        "microvm": built(initramfs.AGENT_SOURCES, "rollbox-guest-agent"),
     }
 
 

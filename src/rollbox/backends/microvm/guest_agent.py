@@ -1,7 +1,9 @@
 """The guest agent's wire protocol, and its file-tree helper (stdlib only).
 
-The agent itself is ``guest_agent.c`` (a static binary, PID 1 inside the microVM, started
-straight from the initramfs init). It serves the host over a virtio-serial port named
+The agent itself is C: ``guest_agent.h`` and the units ``guest_agent.c`` (protocol),
+``guest_agent_json.c``, ``guest_agent_exec.c`` and ``guest_agent_files.c``, built into one
+static binary (PID 1 inside the microVM, started straight from the initramfs init).
+It serves the host over a virtio-serial port named
 ``rollbox.agent``. The wire format is a framed, multiplexed protocol shared with
 :mod:`rollbox.backends.microvm.channel`::
 

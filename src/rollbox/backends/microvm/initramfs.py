@@ -21,7 +21,17 @@ from rollbox.config import Home
 from rollbox.errors import BackendUnavailableError
 
 BUSYBOX = Path("/bin/busybox")
-AGENT_SOURCE = Path(guest_agent.__file__).with_name("guest_agent.c")
+AGENT_SOURCES = tuple(
+    Path(guest_agent.__file__).with_name(f)
+    for f in (
+        "guest_agent.h",
+        "guest_agent.c",
+        "guest_agent_json.c",
+        "guest_agent_exec.c",
+        "guest_agent_files.c",
+    )
+)
+"""The C guest agent: its header (hashed) and units (compiled together, as one program)."""
 
 
 def agent_binary(home: Home) -> Path:
@@ -31,7 +41,7 @@ def agent_binary(home: Home) -> Path:
         BackendUnavailableError: gcc or the static C library is missing.
     """
     flags = ["-static", "-O2", "-s", "-Wall"]
-    return compile_c(home, AGENT_SOURCE, "rollbox-guest-agent", flags)
+    return compile_c(home, AGENT_SOURCES, "rollbox-guest-agent", flags)
 
 
 INIT = r"""#!/bin/busybox sh
