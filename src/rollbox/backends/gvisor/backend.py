@@ -36,9 +36,7 @@ sentry's) and killed with ``runsc kill --pid``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 import os
 import shutil
 import subprocess
@@ -47,59 +45,36 @@ from pathlib import Path
 from typing import ClassVar
 
 from rollbox.backends.agent.build import agent_binary
-from rollbox.backends.agent.protocol import ExecRequest
-from rollbox.backends.base import OutputCallback
 from rollbox.backends.common.bundle import DEFAULT_PATH, oci_config, write_bundle
-from rollbox.backends.common.capture import StreamCapture
 from rollbox.backends.common.cgroups import Cgroup
-from rollbox.backends.common.execprep import map_exec_error
 from rollbox.backends.common.overlay_backend import OverlayBackend, Started, ping_agent
 from rollbox.backends.common.overlay_sandbox import OverlaySandbox
-from rollbox.backends.common.reasons import dir_full, fork_failed, tracked
 from rollbox.backends.config import BackendConfig
 from rollbox.backends.gvisor.helper import helper_binary, statx_shim
-from rollbox.backends.isolation import IsolatedExec
+from rollbox.backends.gvisor.layout import (
+    AGENT_DIR,
+    HELPER,
+    MEMORY_OVERHEAD_MB,
+    PIDS_HOST_CAP,
+    PIDS_OVERHEAD,
+    PIDS_PER_PROCESS,
+    SOCKET_IN_SANDBOX,
+    START_TIMEOUT_S,
+    STATX_SHIM,
+    runsc_root,
+    runsc_state,
+)
+from rollbox.backends.gvisor.sandbox import GVisorSandbox, exec_victims
 from rollbox.backends.registry import register_backend
 from rollbox.config import Home
 from rollbox.errors import (
     BackendError,
     BackendUnavailableError,
-    CapabilityError,
-    ExecTimeoutError,
-    InvalidInputError,
     RollboxError,
-    SandboxCrashedError,
-    SandboxExhaustedError,
     TeardownError,
     UnsupportedOperationError,
 )
-from rollbox.models import Capabilities, ExecResult, SandboxInfo, SandboxSpec
-
-MEMORY_OVERHEAD_MB = 160
-"""Host memory allowed for the sentry, gofer and stubs on top of ``Limits.memory_mb``."""
-PIDS_OVERHEAD = 512
-"""Host tasks allowed for the sentry's and gofer's threads on top of the stubs' share."""
-PIDS_PER_PROCESS = 8
-"""Host tasks allowed per process inside. Under the ptrace platform every address space
-has a stub process holding one thread per sentry OS thread that ever ran it: a 64-process
-fork bomb inside took 7259 host tasks (this host's pid_max is 32768, shared by everyone).
-The host pids limit is the backstop that keeps the host's pid space safe -- reaching it
-kills the sentry (the sandbox is reported crashed); ``Limits.pids`` itself is enforced
-inside as RLIMIT_NPROC."""
-PIDS_HOST_CAP = 2048
-"""Upper bound of the stubs' share of the host pids limit."""
-AGENT_DIR = "/run/.rollbox"
-SOCKET_IN_SANDBOX = "/run/rollbox/agent.sock"
-HELPER = f"{AGENT_DIR}/uds-listen"
-STATX_SHIM = f"{AGENT_DIR}/statx.so"
-"""LD_PRELOADed into every exec: gVisor 20221219's statx() rejects AT_NO_AUTOMOUNT, which
-breaks ``ls`` and ``stat`` of current coreutils (see ``statx_fix.c``)."""
-START_TIMEOUT_S = 20.0
-
-
-def runsc_root(home: Home) -> Path:
-    """runsc's state directory for this home (``runsc --root``)."""
-    return home.root / "runsc"
+from rollbox.models import Capabilities, SandboxSpec
 
 
 @register_backend
@@ -107,6 +82,7 @@ class GVisorBackend(OverlayBackend):
     """gVisor's user-space kernel (``runsc``, ptrace platform) around the same sandbox."""
 
     name: ClassVar[str] = "gvisor"
+    sandbox_class: ClassVar[type[OverlaySandbox]] = GVisorSandbox
     capabilities: ClassVar[Capabilities] = Capabilities(
         snapshot=True,
         memory_snapshot=False,  # runsc checkpoint/restore hangs on this build (20221219)
@@ -384,40 +360,6 @@ class GVisorBackend(OverlayBackend):
         return rest + lines
 
 
-def exec_victims(procs: list[tuple[int, int, str]], pid: int, other_execs: set[int]) -> list[int]:
-    """The processes to kill for a timed-out exec whose command is ``pid``.
-
-    Args:
-        procs: ``(pid, ppid, command)`` of every process inside (``runsc ps``).
-        pid: the exec's command (a child of its agent session).
-        other_execs: command pids of other execs still running in the sandbox.
-
-    Returns:
-        ``pid`` and its descendants, plus orphans re-parented to PID 1 with a higher pid
-        (started after the exec) that are not agent sessions, and their descendants --
-        minus anything descending from ``other_execs``. Sorted; never PID 1.
-    """
-    children: dict[int, list[int]] = {}
-    for p, pp, _cmd in procs:
-        children.setdefault(pp, []).append(p)
-
-    def tree(roots: list[int]) -> set[int]:
-        out: set[int] = set()
-        stack = list(roots)
-        while stack:
-            q = stack.pop()
-            if q in out or q == 1:
-                continue
-            out.add(q)
-            stack += children.get(q, [])
-        return out
-
-    protected = tree(sorted(other_execs))
-    orphans = [p for p, pp, cmd in procs if pp == 1 and p > pid and cmd != "agent"]
-    victims = tree([pid, *orphans]) - protected
-    return sorted(victims & {p for p, _pp, _cmd in procs})
-
-
 def _listdir(path: Path) -> list[Path]:
     try:
         return list(path.iterdir())
@@ -425,239 +367,19 @@ def _listdir(path: Path) -> list[Path]:
         return []
 
 
-class GVisorSandbox(OverlaySandbox):
-    """One live ``gvisor`` sandbox."""
-
-    backend: GVisorBackend
-
-    def __init__(self, backend: GVisorBackend, info: SandboxInfo) -> None:
-        super().__init__(backend, info)
-        self._running_pids: set[int] = set()
-
-    async def _runsc(self, *args: str) -> tuple[int, str, str]:
-        argv = ["runsc", "--root", str(runsc_root(self.home)), *args]
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
-        out, err = await proc.communicate()
-        return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
-
-    def _host_pids_hit(self) -> int:
-        """How often the host pids limit of the sandbox's cgroup was reached."""
-        try:
-            text = (self.cgroup.paths["pids"] / "pids.events").read_text()
-        except OSError:
-            return 0
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "max":
-                return int(value)
-        return 0
-
-    async def processes(self) -> list[tuple[int, int, str]]:
-        """``(pid, ppid, command)`` of every process inside (gVisor pids), via ``runsc ps``."""
-        rc, out, err = await self._runsc("ps", self.id)
-        if rc != 0:
-            raise SandboxCrashedError(f"runsc ps {self.id} failed: {err.strip()[-200:]}")
-        procs = []
-        for line in out.splitlines()[1:]:
-            parts = line.split()
-            if len(parts) >= 8 and parts[1].isdigit() and parts[2].isdigit():
-                procs.append((int(parts[1]), int(parts[2]), parts[7]))
-        return procs
-
-    async def kill_tree(self, pid: int) -> list[int]:
-        """SIGKILL the exec whose command is gVisor pid ``pid``: its descendants and the
-        daemons it left behind (orphans re-parented to PID 1 that were started after it,
-        i.e. with a higher pid, and that do not descend from another running exec).
-
-        Returns:
-            The pids killed.
-        """
-        killed: list[int] = []
-        for _ in range(10):
-            procs = await self.processes()
-            victims = exec_victims(procs, pid, self._running_pids - {pid})
-            if not victims:
-                break
-            await asyncio.gather(
-                *(self._runsc("kill", "--pid", str(v), self.id, "KILL") for v in victims)
-            )
-            killed += victims
-        return killed
-
-    def _disk_full(self) -> bool:
-        return self.info.spec.limits.disk_mb is not None and dir_full(self.rootfs.upperfs)
-
-    @tracked
-    async def exec(
-        self,
-        cmd: list[str] | str,
-        *,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        secrets: dict[str, str] | None = None,
-        stdin: bytes | str | None = None,
-        timeout: float | None = None,
-        user: str | None = None,
-        on_stdout: OutputCallback | None = None,
-        on_stderr: OutputCallback | None = None,
-        isolate: IsolatedExec | None = None,
-    ) -> ExecResult:
-        """Run a command inside; see :meth:`SandboxHandle.exec`."""
-        self._require_running()
-        prep = self._prepare(
-            cmd, cwd=cwd, env=env, secrets=secrets, stdin=stdin, timeout=timeout, user=user
-        )
-        argv = prep.argv
-        if isolate is not None and (isolate.fresh or isolate.files or isolate.collect):
-            # runsc 20221219: a command's unshare(CLONE_NEWNS) mounts show in every process's
-            # mount table, so a private directory cannot be made here.
-            raise CapabilityError("gvisor cannot give one exec a private mount namespace")
-        if self.info.spec.limits.pids is not None:
-            # RLIMIT_NPROC per exec (see uds_listen.c): gVisor enforces it for root without
-            # CAP_SYS_RESOURCE/CAP_SYS_ADMIN, which the bundle drops.
-            argv = [HELPER, "--nproc", str(self.info.spec.limits.pids), "--", *argv]
-        spec = self.info.spec
-        full_env = dict(prep.env)
-        preload = full_env.get("LD_PRELOAD")
-        full_env["LD_PRELOAD"] = f"{STATX_SHIM}:{preload}" if preload else STATX_SHIM
-        req = ExecRequest(
-            argv=argv,
-            env=full_env,
-            cwd=prep.cwd,
-            uid=prep.user.uid,
-            gid=prep.user.gid,
-            nofile=spec.limits.nofile or 0,
-            stdin=prep.stdin,
-            isolate=isolate,
-        )
-        secret_values = prep.secret_values
-        cap = spec.limits.output_bytes
-        out = StreamCapture(cap, secret_values, on_stdout)
-        err = StreamCapture(cap, secret_values, on_stderr)
-        oom_before = self.cgroup.oom_kills()
-        pids_hit_before = self._host_pids_hit()
-        started = time.monotonic()
-        gpid: list[int] = []
-
-        async def on_pid(pid: int) -> None:
-            gpid.append(pid)
-            self._running_pids.add(pid)
-
-        try:
-            agent_exit = await asyncio.wait_for(
-                self.client.exec(req, on_pid=on_pid, on_stdout=out.feed, on_stderr=err.feed),
-                timeout,
-            )
-        except asyncio.CancelledError:
-            # Cancelled, not timed out: kill the command's tree all the same.
-            if gpid:
-                kill = asyncio.ensure_future(self.kill_tree(gpid[0]))
-                while not kill.done():
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await asyncio.shield(kill)
-                with contextlib.suppress(RollboxError, OSError):
-                    kill.result()
-            raise
-        except TimeoutError:
-            if gpid:
-                try:
-                    await self.kill_tree(gpid[0])
-                except SandboxCrashedError:
-                    # The sandbox died meanwhile (e.g. its host task limit was reached).
-                    self._set_state("crashed")
-                    if self._host_pids_hit() > pids_hit_before:
-                        raise SandboxExhaustedError(
-                            f"sandbox {self.id} died during a command that timed out: gVisor "
-                            f"reached its host task limit ({spec.limits.pids} processes "
-                            "inside; a fork bomb?)",
-                            reason="pids_exhausted",
-                        ) from None
-                    raise SandboxCrashedError(
-                        f"sandbox {self.id} died during a command that timed out"
-                    ) from None
-            stderr = err.finish()
-            raise ExecTimeoutError(
-                f"command timed out after {timeout:g}s (its process tree was killed)",
-                stdout=out.finish(),
-                stderr=stderr,
-                timeout=timeout,
-                reasons=[
-                    *(["pids_exhausted"] if fork_failed(stderr) else []),
-                    *(["disk_full"] if self._disk_full() else []),
-                ],
-            ) from None
-        except ValueError as exc:
-            raise InvalidInputError(f"bad command: {exc}") from None
-        except SandboxCrashedError:
-            if self.cgroup.oom_kills() <= oom_before:
-                if self._host_pids_hit() > pids_hit_before:
-                    self._set_state("crashed")
-                    raise SandboxExhaustedError(
-                        f"sandbox {self.id} died: gVisor reached its host task limit "
-                        f"({spec.limits.pids} processes inside; a fork bomb?)",
-                        reason="pids_exhausted",
-                    ) from None
-                raise
-            # gVisor has no OOM killer of its own: the host cgroup's kills the sentry, and
-            # the whole sandbox with it. Report it as the command's OOM kill.
-            self._set_state("crashed")
-            err.feed(
-                f"rollbox: the gVisor sandbox was OOM-killed at its memory limit "
-                f"({spec.limits.memory_mb} MiB + {MEMORY_OVERHEAD_MB} MiB for gVisor itself); "
-                "the sandbox is gone\n".encode()
-            )
-            return ExecResult(
-                exit_code=137,
-                stdout=out.finish(),
-                stderr=err.finish(),
-                duration_s=time.monotonic() - started,
-                oom_killed=True,
-                truncated=out.truncated or err.truncated,
-            )
-        finally:
-            for p in gpid:
-                self._running_pids.discard(p)
-        duration = time.monotonic() - started
-        failure = map_exec_error(
-            agent_exit.fail_stage, agent_exit.fail_message(), sandbox_id=self.id, prepared=prep
-        )
-        if failure is not None:
-            raise failure
-        if agent_exit.fail_stage == "exec":
-            err.feed(f"rollbox: {argv[0]}: {agent_exit.fail_message()}\n".encode())
-        oom = self.cgroup.oom_kills() > oom_before
-        stderr = err.finish()
-        return ExecResult(
-            exit_code=agent_exit.exit_code,
-            stdout=out.finish(),
-            stderr=stderr,
-            duration_s=duration,
-            oom_killed=oom,
-            # RLIMIT_NPROC inside gVisor leaves no counter to read: the fork failure the
-            # command's shell (or Python) reported is the evidence.
-            pids_exhausted=fork_failed(stderr),
-            disk_full=self._disk_full(),
-            truncated=out.truncated or err.truncated,
-        )
-
-
-def runsc_state(home: Home, sandbox_id: str) -> dict[str, object] | None:
-    """runsc's view of a container (``runsc state``), or ``None`` when unknown."""
-    proc = subprocess.run(
-        ["runsc", "--root", str(runsc_root(home)), "state", sandbox_id],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    if proc.returncode != 0:
-        return None
-    data = json.loads(proc.stdout)
-    return data if isinstance(data, dict) else None
-
-
-GVisorBackend.sandbox_class = GVisorSandbox
-
-__all__ = ["GVisorBackend", "GVisorSandbox", "runsc_root", "runsc_state"]
+__all__ = [
+    "AGENT_DIR",
+    "HELPER",
+    "MEMORY_OVERHEAD_MB",
+    "PIDS_HOST_CAP",
+    "PIDS_OVERHEAD",
+    "PIDS_PER_PROCESS",
+    "SOCKET_IN_SANDBOX",
+    "START_TIMEOUT_S",
+    "STATX_SHIM",
+    "GVisorBackend",
+    "GVisorSandbox",
+    "exec_victims",
+    "runsc_root",
+    "runsc_state",
+]
