@@ -21,6 +21,7 @@ from typing import Any
 from rollbox.backends.base import (
     SandboxHandle,
 )
+from rollbox.backends.common.teardown import why_not_removed
 from rollbox.backends.microvm import disk, memfile, qemu
 from rollbox.backends.microvm import snapshot as snaps
 from rollbox.backends.microvm.channel import ChannelClosed
@@ -33,7 +34,6 @@ from rollbox.backends.microvm.defaults import (
 from rollbox.backends.microvm.gc import VMGarbageCollector
 from rollbox.backends.microvm.net import setup_vm_network, teardown_vm_network
 from rollbox.backends.microvm.sandbox import MicroVMSandbox
-from rollbox.backends.namespace.teardown import why_not_removed
 from rollbox.backends.state import (
     read_state,
     sandbox_dir,

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 from rollbox.backends.base import (
     SandboxHandle,
 )
+from rollbox.backends.common.paths import normalize as root_relative
 from rollbox.backends.microvm import qemu
 from rollbox.backends.microvm.channel import AgentChannel, ChannelClosed
-from rollbox.backends.namespace.files import normalize as root_relative
 from rollbox.backends.state import (
     read_state,
     sandbox_dir,
