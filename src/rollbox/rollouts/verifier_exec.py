@@ -27,6 +27,14 @@ interference but cannot prevent it: every uploaded file must still be in ``/test
 unchanged (files added there are not judged: pytest writes ``__pycache__``), and the reward
 files must not change after the command ended (a process left running keeps writing them).
 A forger that writes once at the right moment gets past them.
+
+Tried on gVisor: the verifier as a second container of the same runsc sandbox (each
+container has its own mount namespace; the netstack is shared, so agent services stay on
+loopback). Its bind mounts of fresh host dirs on ``/tests`` and ``/logs/verifier`` worked,
+but runsc 20221219 starts that container's gofer without the sandbox's ``--host-uds=create``
+and ``--file-access=shared``, so an agent socket inside never reaches the host, and the
+first container's processes see the second's in ``/proc`` (the root pid namespace). Driving
+it through ``runsc exec`` instead is the next thing to try.
 """
 
 from __future__ import annotations
