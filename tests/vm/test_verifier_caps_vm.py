@@ -29,7 +29,8 @@ CAP_LINES = "grep -E '^Cap(Eff|Prm|Bnd|Inh):' /proc/self/status"
 
 # Left running by the "agent": waits for the verifier's process, then tries every way in:
 # /proc/PID/root (ls and a write of the reward), setns through /proc/PID/ns/mnt (nsenter),
-# and keeps rewriting the reward through /proc/PID/root for as long as the verifier runs.
+# and keeps rewriting the reward through /proc/PID/root for as long as the verifier runs
+# (in place, "1<>": a truncating rewrite could be collected empty, between its two steps).
 LEFTOVER = r"""
 find() { for f in /proc/[0-9]*/cmdline; do
     IFS= read -r -d '' a0 < "$f" 2>/dev/null && [ "$a0" = "$1" ] && {
@@ -43,7 +44,7 @@ echo "root: $(ls /proc/$v/root/logs/verifier/ >/dev/null 2>&1 && echo reachable 
 nsenter --mount=/proc/$v/ns/mnt sh -c 'echo 1 > /logs/verifier/reward.txt' 2>/dev/null \
     && echo wrote-setns
 } > /tmp/probe.out 2>&1
-while [ -d /proc/$v ]; do (echo 1 > /proc/$v/root/logs/verifier/reward.txt) 2>/dev/null
+while [ -d /proc/$v ]; do (echo 1 1<> /proc/$v/root/logs/verifier/reward.txt) 2>/dev/null
     sleep 0.01; done
 """
 # The verifier: writes 0, stays (as rbx-private) long enough for the leftover to try.
