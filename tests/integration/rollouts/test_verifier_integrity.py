@@ -7,6 +7,8 @@ The adversarial tasks live in ``verifier_tasks/`` (example-style Harbor tasks; k
 * ``forged-writer`` — it leaves a ``setsid`` loop rewriting ``reward.txt``;
 * ``forged-watcher`` — it leaves a watcher that rewrites ``/tests/test.sh`` in place once
   uploaded;
+* ``forged-procroot`` — it leaves a loop writing the reward through ``/proc/PID/root`` of
+  every process (the verifier's too, where the kernel allows it);
 
 each with a ``tests/test.sh`` that never writes a passing reward. ``agent-server`` (the
 tests query a server the agent left running) must still pass, and ``agent-leftover`` passes
@@ -39,7 +41,7 @@ from rollbox.store.provenance import check
 from .conftest import Runs
 
 TASKS = Path(__file__).parent / "verifier_tasks"
-FORGED = ["forged-prewritten", "forged-writer", "forged-watcher"]
+FORGED = ["forged-prewritten", "forged-writer", "forged-watcher", "forged-procroot"]
 BACKENDS = ["namespace", "gvisor", pytest.param("microvm", marks=pytest.mark.vm)]
 
 
@@ -96,7 +98,7 @@ def test_forged_rewards_do_not_pass_and_agent_servers_still_serve(
         dirs += [optout(tmp_path, n) for n in ["forged-writer", "forged-watcher"]]
     run, recs = runs.run(dirs, agent="oracle", backend_override=backend)
     by = final(recs)
-    assert len(by) == (14 if private else 16), sorted(by)
+    assert len(by) == (16 if private else 18), sorted(by)
     for name, r in by.items():
         assert r.verifier is not None, (name, r.error)
         if private:
@@ -146,6 +148,9 @@ def test_forged_rewards_do_not_pass_and_agent_servers_still_serve(
     assert "wrote no reward" in (w.error or ""), w
     # (c) the watcher never saw the tests (or was stopped): the original test.sh wrote 0
     assert c.verifier.reward == 0.0 and c.status == "done", c.verifier
+    # (d) /proc/PID/root of the verifier's processes is refused to what the agent left
+    proc = by["forged-procroot"].verifier
+    assert proc is not None and "wrote no reward" in (proc.error or ""), proc
     if not private:
         # opted out on gVisor: the agent's processes run on, the tamper checks catch both
         wo, co = by["forged-writer-optout"].verifier, by["forged-watcher-optout"].verifier
@@ -195,3 +200,21 @@ def test_without_the_guard_the_forged_rewards_would_pass(
     for name in FORGED:
         v = by[name].verifier
         assert v is not None and v.passed and v.reward == 1.0, (name, v, by[name].error)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.vm
+def test_microvm_without_the_capability_drop_the_procroot_forgery_would_pass(
+    runs: Runs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A guest whose commands keep every capability (the drop switched off): the loop the
+    agent left reaches the verifier's private /logs/verifier through /proc/PID/root."""
+    from rollbox.backends.microvm import lifecycle as mvb
+
+    configure = mvb._configure_args
+    monkeypatch.setattr(mvb, "_configure_args", lambda spec, _full=False: configure(spec, True))
+    _, recs = runs.run([TASKS / "forged-procroot"], agent="oracle", backend_override="microvm")
+    r = final(recs)["forged-procroot"]
+    assert r.extra.get("verifier_isolation") == "private"
+    assert r.verifier is not None and r.verifier.passed and r.verifier.reward == 1.0, r.verifier
