@@ -13,7 +13,7 @@ HAVE_ALL_TOOLS := $(shell [ "$$(id -u)" = 0 ] && command -v bwrap && command -v 
 	&& command -v qemu-system-x86_64)
 export ROLLBOX_REQUIRE_BACKENDS ?= $(if $(or $(CI),$(HAVE_ALL_TOOLS)),$(ALL_BACKENDS))
 
-.PHONY: setup demo test lint unit integration vm cgroup-v2 bench clean-cache
+.PHONY: setup demo test lint docs unit integration vm cgroup-v2 bench clean-cache
 
 setup:
 	@./scripts/setup.sh
@@ -26,10 +26,18 @@ lint: setup
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 
-# pytest's exit code 5 (nothing collected) must fail, never pass silently.
-test: setup lint
+# The docs site (docs/ + mkdocs.yml); --strict turns a broken link or page into a failure.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# pytest's exit code 5 (nothing collected) must fail, never pass silently. Each run gets its
+# own pytest temp root, so a mount an interrupted earlier run left under /tmp/pytest-of-root
+# cannot break this run's temp-dir cleanup.
+test: setup lint docs
 	@export ROLLBOX_TEST_PG_URL=$$(./scripts/ci-services.sh) && \
+	export PYTEST_DEBUG_TEMPROOT=$$(mktemp -d /var/tmp/rollbox-pytest.XXXXXX) && \
 	$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
+	rm -rf --one-file-system "$$PYTEST_DEBUG_TEMPROOT" 2>/dev/null; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 unit: setup
