@@ -1,6 +1,6 @@
 """Where rollbox keeps its data: ``ROLLBOX_HOME`` and the layout below it.
 
-Layout (documented in the README; every component owns only its own subtree)::
+Layout (documented in docs/data-home.md; every component owns only its own subtree)::
 
     $ROLLBOX_HOME/                 default /var/lib/rollbox (root), ~/.local/share/rollbox otherwise
       oci/                         OCI image layout: oci-layout, index.json, blobs/sha256/<hex>

@@ -1,6 +1,6 @@
 """Export a run as JSONL: one rollout per line, ready for training pipelines.
 
-Each line is one JSON object (schema ``rollbox.rollout/1``, see "JSONL export" in the README):
+Each line is one JSON object (schema ``rollbox.rollout/1``, see "JSONL export" in docs/store.md):
 flat training-friendly fields first (ids, task, instruction, agent, seed, status, reward,
 passed...), the full provenance record under ``record``, and with ``include_blobs`` the
 content of every referenced blob under ``blobs`` (UTF-8 text when it decodes, else base64).

@@ -13,7 +13,7 @@ A sandbox is::
 The root is an overlay of the baseline's layers with an upper dir on a tmpfs of
 ``disk_mb`` (:mod:`rollbox.backends.common.rootfs`). The agent's listening socket is made
 by the host and inherited, so nothing inside can replace it and the host may connect before
-the agent runs. Why bwrap and not runc: see the README, "Design notes".
+the agent runs. Why bwrap and not runc: see docs/design.md.
 """
 
 from __future__ import annotations
