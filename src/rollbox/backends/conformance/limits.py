@@ -21,14 +21,16 @@ async def fork_bomb(t: Harness) -> None:
     h = await t.create(limits=Limits(pids=64))
     crashed = False
     try:
-        # the sleeper starts first: once the bomb fills the pids limit nothing can fork
-        await h.exec("sleep 30 & s=$!; b() { b | b & }; b; wait $s", timeout=3)
+        # The sleeper starts first: once the bomb fills the pids limit nothing can fork. The
+        # bomb runs in a subshell because dash exits on a failed fork: in the main shell that
+        # ended the exec early whenever the limit was hit before its own last fork.
+        r = await h.exec("sleep 30 & s=$!; (b() { b | b & }; b); wait $s", timeout=3)
     except ExecTimeoutError:
         pass
     except SandboxCrashedError:
         crashed = True
     else:
-        raise AssertionError("the fork bomb's exec did not time out")
+        raise AssertionError(f"the fork bomb's exec did not time out: {r}")
     check(await sh(sibling, "echo alive") == "alive\n", "a sibling sandbox was starved")
     # user processes only (a VM also lists its kernel threads, whose cmdline is empty)
     count = "grep -l . /proc/[0-9]*/cmdline 2>/dev/null | wc -l"
