@@ -84,6 +84,19 @@ class _EnvAgent(Agent):
         return AgentOutcome(trajectory=self.steps)
 
 
+class _GivenRunner(RolloutRunner):
+    """A runner whose first episode starts in a sandbox made elsewhere (a memory fork)."""
+
+    given: AsyncSandbox | None = None
+
+    async def _create(self, plan: RolloutPlan, rec: RolloutRecord, baseline: str) -> AsyncSandbox:
+        sbx, self.given = self.given, None
+        if sbx is None:
+            return await super()._create(plan, rec, baseline)
+        rec.sandbox_ids = [*rec.sandbox_ids, sbx.id]
+        return sbx
+
+
 @dataclass
 class _Episode:
     agent: _EnvAgent
@@ -144,7 +157,7 @@ class AsyncTaskEnv:
             rollbox_version=__version__,
         )
         meta.create_run(self.run)
-        self.runner = RolloutRunner(home, meta, blobs, run_id=self.run.id, backend=backend)
+        self.runner = _GivenRunner(home, meta, blobs, run_id=self.run.id, backend=backend)
         self._episode: _Episode | None = None
         self._episodes = 0
         self._closed = False
@@ -252,7 +265,8 @@ class AsyncTaskEnv:
             agent=agent,
             baseline=self.baseline,
             seed=self.seed or 0,
-            setup_in_baseline=self._setup_in_baseline,
+            # a memory fork's VM already has the instruction
+            setup_in_baseline=self._setup_in_baseline or self.runner.given is not None,
             extra={"env_episode": self._episodes, **self._extra},
         )
         runner_task = asyncio.create_task(self.runner.run(plan))
@@ -379,10 +393,11 @@ class AsyncTaskEnv:
     async def fork(self, n: int) -> list[AsyncTaskEnv]:
         """Branch the running episode into ``n`` new envs, each already reset.
 
-        Each branch starts from a filesystem snapshot of this episode's sandbox (on every
-        backend in this version: processes and memory are not carried over, on microvm
-        neither), is its own episode and record (in a run of its own), and its trajectory
-        starts with this episode's steps so far. This episode keeps running.
+        On ``microvm`` each branch is a memory fork of the episode's VM (processes, memory
+        and files carried over); on ``namespace`` and ``gvisor`` it starts from a filesystem
+        snapshot (files only: processes the episode started are not running in a branch).
+        Each branch is its own episode, record and run, its trajectory starting with this
+        episode's steps so far. This episode keeps running.
 
         Raises:
             InvalidInputError: ``n`` < 1.
@@ -392,7 +407,14 @@ class AsyncTaskEnv:
         if n < 1:
             raise InvalidInputError(f"fork(n) needs n >= 1, got {n}", hint="pass a positive n")
         ep = self._live()
-        snap = await ep.ctx.sandbox.snapshot()
+        sbx = ep.ctx.sandbox
+        memory = sbx.backend.capabilities.memory_snapshot
+        given: list[AsyncSandbox] = []
+        if memory:
+            given = await sbx.fork(n)
+            baseline, setup = self.baseline, self._setup_in_baseline
+        else:
+            baseline, setup = await sbx.snapshot(), True
         branches: list[AsyncTaskEnv] = []
         try:
             for i in range(n):
@@ -402,18 +424,29 @@ class AsyncTaskEnv:
                     MetaStore(self.meta.url, home=self.home),
                     self.blobs,
                     backend=self.backend,
-                    baseline=snap,
+                    baseline=baseline,
                     seed=self.seed,
                     caller=self.caller,
                     owns_meta=True,
-                    setup_in_baseline=True,
+                    setup_in_baseline=setup,
                     prefix=ep.agent.steps,
-                    extra={"env_fork_of_run": self.run.id, "env_branch": i},
+                    extra={
+                        "env_fork_of_run": self.run.id,
+                        "env_branch": i,
+                        "env_fork": "memory" if memory else "filesystem",
+                    },
                 )
+                if memory:
+                    env.runner.given = given[i]
                 branches.append(env)
             await asyncio.gather(*(b.reset() for b in branches))
         except BaseException:
             await asyncio.gather(*(b.close() for b in branches), return_exceptions=True)
+            for g in given:  # a branch that never started still holds its forked VM
+                try:
+                    await g.destroy()
+                except RollboxError:
+                    pass
             raise
         return branches
 

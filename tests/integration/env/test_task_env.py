@@ -164,6 +164,7 @@ def test_fork_branches_are_independent(linked_home: Home) -> None:
     assert parent[0].status == "interrupted"  # closed mid-episode
     for (rec,) in branches:
         assert rec.extra["env_fork_of_run"] == run_ids[0]
+        assert rec.extra["env_fork"] == "filesystem"
         assert rec.baseline_digest != parent[0].baseline_digest
     for r in run_ids:
         assert rollbox("verify", r).returncode == 0
@@ -250,3 +251,32 @@ def test_forged_reward_does_not_count(
         assert result.reward is None and "wrote no reward" in result.info["verifier_error"]
     else:
         assert result.reward == 1.0, result
+
+
+@pytest.mark.vm
+def test_fork_on_microvm_carries_memory(linked_home: Home) -> None:
+    """A process the episode left running is running in each microVM branch (memory fork);
+    files written in one branch are absent in the other."""
+
+    async def main() -> list[str]:
+        env = await AsyncTaskEnv.create(HELLO, backend="microvm")
+        await env.reset()
+        await env.step("(setsid sleep 600 >/dev/null 2>&1 &); echo base > /app/base.txt")
+        a, b = await env.fork(2)
+        try:
+            for br in (a, b):
+                ps = await br.step("pgrep -x sleep >/dev/null && echo alive; cat /app/base.txt")
+                assert ps.observation.stdout.split() == ["alive", "base"]
+            await a.step("echo 'Hello, rollbox!' > /app/hello.txt")
+            assert (await b.step("ls /app")).observation.stdout.split() == ["base.txt"]
+            ra, rb = await a.step({"tool": "submit"}), await b.step({"tool": "submit"})
+            assert (ra.reward, rb.reward) == (1.0, 0.0)
+        finally:
+            for e in (a, b, env):
+                await e.close()
+        return [a.run.id, b.run.id]
+
+    for run_id in asyncio.run(main()):
+        (rec,) = stored(linked_home, run_id)
+        assert rec.extra["env_fork"] == "memory" and rec.status == "done"
+        assert rollbox("verify", run_id).returncode == 0
