@@ -8,8 +8,10 @@ neither and there is no import cycle.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -266,3 +268,33 @@ def _impl() -> type[Cgroup]:
             f"no cgroup v{version} implementation is registered",
             hint="import rollbox.backends.common.cgroups",
         ) from None
+
+
+def rmdir_retry(path: Path, attempts: int = 50) -> None:
+    """rmdir a cgroup dir, retrying while it is still busy (tasks exiting)."""
+    for i in range(attempts):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY) or i == attempts - 1:
+                raise
+            time.sleep(0.01 * min(i + 1, 10))
+
+
+def sum_keyed(root: Path, filename: str, key: str) -> int:
+    """Sum of ``key N`` lines of ``filename`` in ``root`` and every group below it (a group
+    that vanished or lacks the file counts 0)."""
+    total = 0
+    for dirpath, _dirs, _files in os.walk(root):
+        try:
+            text = Path(dirpath, filename).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                total += int(value)
+    return total

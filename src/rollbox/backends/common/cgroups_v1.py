@@ -8,7 +8,6 @@ Every sandbox gets ``rollbox-<hometag>/<sandbox-id>`` in each controller of
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import time
@@ -45,20 +44,6 @@ def _hierarchies() -> list[Path]:
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
-
-
-def _rmdir_retry(path: Path, attempts: int = 50) -> None:
-    """rmdir a cgroup dir, retrying while it is still busy (tasks exiting)."""
-    for i in range(attempts):
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY) or i == attempts - 1:
-                raise
-            time.sleep(0.01 * min(i + 1, 10))
 
 
 class CgroupV1(Cgroup):
@@ -217,17 +202,7 @@ class CgroupV1(Cgroup):
 
     def oom_kills(self) -> int:
         """OOM kills in this group and its sub-groups (``oom_kill`` of memory.oom_control)."""
-        total = 0
-        for dirpath, _dirs, _files in os.walk(self.paths["memory"]):
-            try:
-                text = Path(dirpath, "memory.oom_control").read_text()
-            except FileNotFoundError:
-                continue
-            for line in text.splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    total += int(value)
-        return total
+        return _cg.sum_keyed(self.paths["memory"], "memory.oom_control", "oom_kill")
 
     def pids_max_hits(self) -> int:
         """Forks refused by ``pids.max`` in this group and its sub-groups.
@@ -235,17 +210,7 @@ class CgroupV1(Cgroup):
         The v1 kernel counts a refused fork (``max N`` of ``pids.events``) in the forking
         task's own group, so the sub-groups are summed.
         """
-        total = 0
-        for dirpath, _dirs, _files in os.walk(self.paths["pids"]):
-            try:
-                text = Path(dirpath, "pids.events").read_text()
-            except FileNotFoundError:
-                continue
-            for line in text.splitlines():
-                key, _, value = line.partition(" ")
-                if key == "max":
-                    total += int(value)
-        return total
+        return _cg.sum_keyed(self.paths["pids"], "pids.events", "max")
 
     def memory_usage(self) -> int:
         """Bytes charged to the group now."""
@@ -298,7 +263,7 @@ class CgroupV1(Cgroup):
                 # Deepest first.
                 dirs = [Path(d) for d, _s, _f in os.walk(top)]
                 for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
-                    _rmdir_retry(d)
+                    _cg.rmdir_retry(d)
             parent = top.parent
             if parent != hierarchy and parent.name.startswith("rollbox-"):
                 try:

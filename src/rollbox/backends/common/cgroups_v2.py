@@ -170,19 +170,6 @@ def available() -> set[str]:
     return controllers(ensure_base()) & set(WANTED)
 
 
-def _rmdir_retry(path: Path, attempts: int = 50) -> None:
-    for i in range(attempts):
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY) or i == attempts - 1:
-                raise
-            time.sleep(0.01 * min(i + 1, 10))
-
-
 class CgroupV2(Cgroup):
     """One sandbox's (or one exec's) group in the unified hierarchy."""
 
@@ -450,7 +437,7 @@ class CgroupV2(Cgroup):
         if top.is_dir():
             dirs = [Path(d) for d, _s, _f in os.walk(top)]
             for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
-                _rmdir_retry(d)
+                _cg.rmdir_retry(d)
         parent = top.parent
         if parent.name.startswith("rollbox-"):
             try:

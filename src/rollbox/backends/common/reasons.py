@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
+from rollbox.backends.common.cgroup_base import sum_keyed
 from rollbox.errors import BackendError, ExecTimeoutError, SandboxExpiredError
 from rollbox.models import ExecResult, LimitReason, SandboxInfo, utcnow
 
@@ -87,17 +88,7 @@ def pids_max_hits(cg: Cgroup) -> int:
             return int(method())
         except NotImplementedError:
             pass  # a bare group (no version picked): read pids.events below
-    total = 0
-    for dirpath, _dirs, _files in os.walk(cg.paths["pids"]):
-        try:
-            text = Path(dirpath, "pids.events").read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "max":
-                total += int(value)
-    return total
+    return sum_keyed(cg.paths["pids"], "pids.events", "max")
 
 
 def ttl_passed(info: SandboxInfo) -> bool:
