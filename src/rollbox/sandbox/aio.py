@@ -254,18 +254,8 @@ class AsyncSandbox:
         on_stderr: OutputCallback | None,
         isolate: IsolatedExec | None,
     ) -> ExecResult:
-        if isolate is None:  # backends without the parameter (test doubles) keep working
-            return await self._handle.exec(
-                cmd,
-                cwd=cwd,
-                env=env,
-                secrets=self._secrets or None,
-                stdin=stdin,
-                timeout=timeout,
-                user=user,
-                on_stdout=on_stdout,
-                on_stderr=on_stderr,
-            )
+        # Passed only when set: handles without the parameter (test doubles) keep working.
+        extra: dict[str, IsolatedExec] = {} if isolate is None else {"isolate": isolate}
         return await self._handle.exec(
             cmd,
             cwd=cwd,
@@ -276,7 +266,7 @@ class AsyncSandbox:
             user=user,
             on_stdout=on_stdout,
             on_stderr=on_stderr,
-            isolate=isolate,
+            **extra,
         )
 
     async def snapshot(self, *, name: str | None = None) -> str:
