@@ -11,12 +11,13 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from rollbox.errors import BackendUnavailableError, LimitsError
+from rollbox.errors import BackendError, BackendUnavailableError, LimitsError
 from rollbox.models import Limits
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -230,6 +231,26 @@ class Cgroup:
     def memory_usage(self) -> int:
         """Bytes charged to the group now."""
         raise NotImplementedError
+
+    def sigkill_frozen(self, pids: list[int]) -> None:
+        """One kill round: freeze (so nothing can fork away), SIGKILL ``pids``, thaw; a
+        freeze or thaw that fails only makes the round less certain."""
+        frozen = False
+        try:
+            self.freeze(timeout=2.0)
+            frozen = True
+        except (BackendError, OSError):
+            pass
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if frozen:
+            try:
+                self.thaw(timeout=2.0)
+            except (BackendError, OSError):
+                pass
 
     def kill_all(self, timeout: float = 10.0) -> None:
         """SIGKILL every task of the group and its sub-groups and wait until empty.

@@ -9,7 +9,6 @@ Every sandbox gets ``rollbox-<hometag>/<sandbox-id>`` in each controller of
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -228,22 +227,7 @@ class CgroupV1(Cgroup):
             pids = self.pids()
             if not pids:
                 break
-            frozen = False
-            try:
-                self.freeze(timeout=2.0)
-                frozen = True
-            except (BackendError, OSError):
-                pass
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            if frozen:
-                try:
-                    self.thaw(timeout=2.0)
-                except (BackendError, OSError):
-                    pass
+            self.sigkill_frozen(pids)
             if time.monotonic() > deadline:
                 raise BackendError(f"cgroup {self.name}: tasks survive SIGKILL: {pids}")
             time.sleep(0.005)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -402,7 +401,7 @@ class CgroupV2(Cgroup):
             if not pids:
                 break
             if not have_kill:
-                self._kill_loop(pids)
+                self.sigkill_frozen(pids)
             if time.monotonic() > deadline:
                 raise BackendError(f"cgroup {self.name}: tasks survive SIGKILL: {pids}")
             time.sleep(delay)
@@ -410,24 +409,6 @@ class CgroupV2(Cgroup):
         # A group left frozen keeps later tasks frozen; leave it thawed.
         if self.is_frozen():
             self.thaw()
-
-    def _kill_loop(self, pids: list[int]) -> None:
-        frozen = False
-        try:
-            self.freeze(timeout=2.0)
-            frozen = True
-        except (BackendError, OSError):
-            pass
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if frozen:
-            try:
-                self.thaw(timeout=2.0)
-            except (BackendError, OSError):
-                pass
 
     def destroy(self) -> None:
         """Kill every task, remove the group deepest first, then the per-home parent if
