@@ -21,9 +21,6 @@ from requirebackends import required_backends, summary_lines
 from rollbox.config import Home
 from rollbox.models import BaselineInfo
 
-DEV_TAR = Path("/var/tmp/rollbox-dev/rootfs.tar")
-"""A Debian rootfs tar some dev machines keep; imported once when present (saves a bootstrap)."""
-DEV_NAME = "rollbox-test/dev-rootfs"
 SHARED = ("oci", "layers", "baselines", "cache")
 """What a per-test home shares with the session home: the baseline store, not sandboxes."""
 
@@ -67,15 +64,11 @@ def shared_home() -> Home:
 
 @pytest.fixture(scope="session")
 def dev_baseline(shared_home: Home) -> BaselineInfo:
-    """A Debian baseline with python3 in the shared home: the dev rootfs tar when this
-    machine has it, else the default baseline (bootstrapped once per machine)."""
+    """The default Debian baseline (python3 included) in the shared home, bootstrapped once per
+    machine; nothing outside the repository is read."""
     from rollbox.baselines.store import BaselineStore
 
-    store = BaselineStore(shared_home)
-    if DEV_TAR.exists():
-        found = store.find_name(DEV_NAME)
-        return found if found is not None else store.import_rootfs(DEV_TAR, names=[DEV_NAME])
-    return store.default()
+    return BaselineStore(shared_home).default()
 
 
 @pytest.fixture
