@@ -357,39 +357,29 @@ void exec_kill(Exec *e) {
     }
 }
 
-static int exec_oom_killed(const Exec *e) {
+/* 1 when the "KEY N" line of FILE in the exec's cgroup has N > 0. */
+static int exec_cg_event(const Exec *e, const char *file, const char *key) {
     if (!e->cg[0]) return 0;
     char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s/memory.events", e->cg);
+    snprintf(p, sizeof p, "%s/%s", e->cg, file);
     FILE *f = fopen(p, "re");
     if (!f) return 0;
     char line[128];
-    int oom = 0;
-    while (fgets(line, sizeof line, f)) {
-        long long v;
-        if (sscanf(line, "oom_kill %lld", &v) == 1 && v > 0) oom = 1;
-    }
-    fclose(f);
-    return oom;
-}
-
-/* pids.events "max" of the exec's cgroup: forks that failed at the pids limit (the guest
- * kernel counts them in the forking task's cgroup). */
-static int exec_pids_max_hit(const Exec *e) {
-    if (!e->cg[0]) return 0;
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s/pids.events", e->cg);
-    FILE *f = fopen(p, "re");
-    if (!f) return 0;
-    char line[128];
+    size_t klen = strlen(key);
     int hit = 0;
     while (fgets(line, sizeof line, f)) {
-        long long v;
-        if (sscanf(line, "max %lld", &v) == 1 && v > 0) hit = 1;
+        if (strncmp(line, key, klen) == 0 && line[klen] == ' ' && atoll(line + klen + 1) > 0)
+            hit = 1;
     }
     fclose(f);
     return hit;
 }
+
+static int exec_oom_killed(const Exec *e) { return exec_cg_event(e, "memory.events", "oom_kill"); }
+
+/* pids.events "max" of the exec's cgroup: forks that failed at the pids limit (the guest
+ * kernel counts them in the forking task's cgroup). */
+static int exec_pids_max_hit(const Exec *e) { return exec_cg_event(e, "pids.events", "max"); }
 
 /* Free and total bytes of the root (the overlay: its upper disk is the disk limit). */
 static void root_space(int64_t *free_b, int64_t *total_b) {
